@@ -1,0 +1,17 @@
+"""radixrt.kernels: attention backends over the paged KV cache, and small fused ops.
+
+Imports torch only (FlashInfer lazily, on CUDA). Backends come from a registry by
+name (`create_attention_backend`).
+"""
+
+from radixrt.kernels.backend import AttentionBackend, AttentionMetadata
+from radixrt.kernels.kv_cache import PagedKVCache
+from radixrt.kernels.registry import ATTENTION_BACKENDS, create_attention_backend
+
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "PagedKVCache",
+    "create_attention_backend",
+]

@@ -1,0 +1,25 @@
+"""Attention backends by name (`--attention-backend`)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from radixrt.kernels.backend import AttentionBackend
+from radixrt.kernels.kv_cache import PagedKVCache
+
+
+def _torch(cache: PagedKVCache, num_heads: int, head_dim: int, scale: float) -> AttentionBackend:
+    from radixrt.kernels.torch_backend import TorchBackend
+
+    return TorchBackend(cache, num_heads, head_dim, scale)
+
+
+ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {"torch": _torch}
+
+
+def create_attention_backend(
+    name: str, cache: PagedKVCache, num_heads: int, head_dim: int, scale: float
+) -> AttentionBackend:
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend {name!r} is unknown; choose one of {sorted(ATTENTION_BACKENDS)}")
+    return ATTENTION_BACKENDS[name](cache, num_heads, head_dim, scale)

@@ -1,0 +1,69 @@
+"""Server arguments: one frozen dataclass, validated at construction.
+
+Field names are SGLang's (snake_case of the CLI flags). `ServerArgs.from_kwargs`
+rejects unknown names, so a typo is an error rather than a silent default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _arg(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    model_path: str = _arg(None, "directory of a Hugging Face checkpoint (config.json, *.safetensors, tokenizer)")
+    tokenizer_path: str | None = _arg(None, "tokenizer directory (default: model_path)")
+    dtype: str = _arg("auto", "weights and activations dtype: auto (from config.json), float32, bfloat16, float16")
+    device: str = _arg("auto", "cpu, cuda or auto (cuda when available)")
+    context_length: int | None = _arg(None, "maximum tokens per sequence (default: the model's max_position_embeddings)")
+    page_size: int = _arg(1, "tokens per KV page")
+    max_total_tokens: int | None = _arg(None, "KV pool size in tokens (overrides mem_fraction_static)")
+    mem_fraction_static: float | None = _arg(
+        None, "fraction of device memory for weights + KV pool (default 0.88 on CUDA, 0.3 of available RAM on CPU)"
+    )
+    chunked_prefill_size: int = _arg(4096, "maximum prompt tokens prefilled per step; -1 disables chunking")
+    max_running_requests: int = _arg(256, "maximum requests in the running batch")
+    attention_backend: str | None = _arg(None, "attention kernel: torch (default on CPU)")
+    random_seed: int = _arg(0, "seed of the global sampling RNG")
+    log_level: str = _arg("info", "logging level: debug, info, warning, error")
+
+    def __post_init__(self) -> None:
+        if not self.model_path:
+            raise ValueError("model_path is required")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
+            raise ValueError(f"chunked_prefill_size must be -1 or >= 1, got {self.chunked_prefill_size}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown server argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Prompt tokens one step may prefill (chunking off: effectively unbounded)."""
+        return self.chunked_prefill_size if self.chunked_prefill_size != -1 else 1 << 62

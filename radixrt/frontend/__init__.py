@@ -1,0 +1,1 @@
+"""The tokenizer side: validation, tokenization, request tracking, detokenization."""

@@ -1,0 +1,88 @@
+"""ReqState: what the frontend knows of one request, and its result in SGLang's layout."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from radixrt.frontend.detokenizer import IncrementalDetokenizer
+from radixrt.messages import FinishReason, ReqOutput, TopLogprobs
+from radixrt.sampling_params import SamplingParams
+
+
+@dataclass
+class ReqState:
+    rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    detok: IncrementalDetokenizer
+    notify: Callable[[], None]  # called (from the receiving thread) after every update
+    return_logprob: bool = False
+    return_text_in_logprobs: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    finish: FinishReason | None = None
+    cached_tokens: int = 0
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top: list[TopLogprobs] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    input_top: list[TopLogprobs | None] | None = None
+    created: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
+
+    def apply(self, out: ReqOutput) -> None:
+        if out.new_ids and self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self.output_ids += out.new_ids
+        self.cached_tokens = out.cached_tokens
+        self.output_logprobs += out.output_logprobs
+        self.output_top += out.output_top
+        if out.input_logprobs is not None:
+            self.input_logprobs = out.input_logprobs
+            self.input_top = out.input_top
+        if out.finish is not None:
+            self.finish = out.finish
+            self.finished_at = time.perf_counter()
+        self.notify()
+
+    def fail(self, message: str) -> None:
+        """The backend is gone: finish with an abort that says why."""
+        if self.finish is None:
+            self.finish = FinishReason("abort", message=message)
+            self.finished_at = time.perf_counter()
+            self.notify()
+
+    def result(self, tokenizer: Any, stream: bool = False) -> dict[str, Any]:
+        text = self.detok.final_text(self.output_ids, self.finish) if self.done else self.detok.stream_text(self.output_ids)
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": self.finish.to_dict() if self.finish else None,
+            "prompt_tokens": len(self.prompt_ids),
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": self.cached_tokens,
+            "e2e_latency": (self.finished_at or time.perf_counter()) - self.created,
+        }
+        if self.return_logprob:
+            meta.update(self._logprob_meta(tokenizer))
+        return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
+
+    def _logprob_meta(self, tokenizer: Any) -> dict[str, Any]:
+        def triple(lp: float | None, tid: int) -> list[Any]:
+            text = tokenizer.decode([tid]) if self.return_text_in_logprobs else None
+            return [lp, tid, text]
+
+        def tops(rows: list[TopLogprobs | None] | None) -> list[Any]:
+            return [None if row is None else [triple(lp, tid) for lp, tid in row] for row in rows or []]
+
+        start = len(self.prompt_ids) - len(self.input_logprobs)
+        return {
+            "input_token_logprobs": [triple(lp, t) for lp, t in zip(self.input_logprobs, self.prompt_ids[start:])],
+            "output_token_logprobs": [triple(lp, t) for lp, t in zip(self.output_logprobs, self.output_ids)],
+            "input_top_logprobs": tops(self.input_top),
+            "output_top_logprobs": tops(self.output_top),
+        }

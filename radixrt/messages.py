@@ -1,0 +1,162 @@
+"""Everything that crosses a process boundary, as msgspec Structs.
+
+frontend --TokenizedRequest/AbortRequest--> scheduler --ForwardBatch--> worker
+frontend <--------TokenBatchOut---------- scheduler <--BatchResult---- worker
+Nothing else travels over zmq; no pickle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from radixrt.sampling_params import SamplingParams
+
+# -- frontend -> scheduler ---------------------------------------------------
+
+
+class TokenizedRequest(msgspec.Struct, tag=True):
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # first prompt position with a logprob; -1: none
+    top_logprobs_num: int = 0
+
+
+class AbortRequest(msgspec.Struct, tag=True):
+    rid: str
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+class StatsRequest(msgspec.Struct, tag=True):
+    query_id: str
+
+
+FrontendMsg = Union[TokenizedRequest, AbortRequest, StatsRequest, Shutdown]
+
+# -- scheduler -> frontend ---------------------------------------------------
+
+
+class FinishReason(msgspec.Struct, omit_defaults=True):
+    type: str  # "stop" | "length" | "abort"
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+
+TopLogprobs = list[tuple[float, int]]  # (logprob, token id), best first
+
+
+class ReqOutput(msgspec.Struct, array_like=True):
+    """What one request produced in one step."""
+
+    rid: str
+    new_ids: list[int]
+    finish: FinishReason | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_logprobs: list[float] = []  # one per new id, when asked
+    output_top: list[TopLogprobs] = []
+    input_logprobs: list[float | None] | None = None  # sent once, when the prompt is done
+    input_top: list[TopLogprobs | None] | None = None
+
+
+class TokenBatchOut(msgspec.Struct, tag=True):
+    outputs: list[ReqOutput]
+
+
+class StatsReply(msgspec.Struct, tag=True):
+    query_id: str
+    stats: dict[str, int | float]
+
+
+SchedulerToFrontend = Union[TokenBatchOut, StatsReply]
+
+
+# -- scheduler -> worker -----------------------------------------------------
+
+
+class SlotInit(msgspec.Struct, array_like=True):
+    """Sent with a request's first step on a worker slot."""
+
+    sampling: SamplingParams
+    stop_ids: list[int]
+    penalty_ids: list[int]  # prompt ids, only when repetition_penalty is on
+    output_ids: list[int] = []  # generated before a retraction: sampling state resumes from them
+
+
+class LogprobSpec(msgspec.Struct, array_like=True):
+    """Which logprobs one batch entry wants back."""
+
+    prompt_from: int  # first input row whose next-token logprob is wanted; -1: none
+    prompt_targets: list[int]  # the token each of those rows predicts
+    top_k: int = 0
+    output: bool = False  # logprob of the sampled token
+
+
+class BatchEntry(msgspec.Struct, array_like=True):
+    slot: int
+    input_ids: list[int]  # new tokens to run
+    start_pos: int  # tokens already in this slot's KV
+    new_pages: list[int]  # pages appended to the slot's page table
+    sample: bool  # sample a next token after the last input row
+    init: SlotInit | None = None
+    logprobs: LogprobSpec | None = None
+
+
+class ForwardBatch(msgspec.Struct, tag=True):
+    step: int
+    entries: list[BatchEntry]
+    freed_slots: list[int] = []  # slots whose requests left since the last batch
+    copy_src: list[int] = []  # slot-level copies done before the forward (copy-on-write)
+    copy_dst: list[int] = []
+
+
+SchedulerToWorker = Union[ForwardBatch, Shutdown]
+
+# -- worker -> scheduler -----------------------------------------------------
+
+
+class EntryLogprobs(msgspec.Struct, array_like=True):
+    prompt: list[float] = []
+    prompt_top: list[TopLogprobs] = []
+    output: float | None = None
+    output_top: TopLogprobs | None = None
+
+
+class BatchResult(msgspec.Struct, tag=True):
+    step: int
+    next_ids: list[int]  # one per entry with sample=True, in entry order
+    logprobs: list[EntryLogprobs | None] = []  # one per entry when any asked
+
+
+# -- readiness (children -> launcher) -----------------------------------------
+
+
+class WorkerReady(msgspec.Struct, tag=True):
+    num_pages: int
+    page_size: int
+    vocab_size: int
+    context_length: int
+    eos_ids: list[int]
+    bytes_per_token: int
+
+
+class SchedulerReady(msgspec.Struct, tag=True):
+    max_total_tokens: int
+
+
+class ChildFailed(msgspec.Struct, tag=True):
+    who: str
+    error: str
+
+
+ReadyMsg = Union[WorkerReady, SchedulerReady, ChildFailed]

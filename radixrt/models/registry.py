@@ -1,0 +1,44 @@
+"""Model families by config.json's model_type, and the loader that builds one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+
+from radixrt.models.config import ModelConfig
+from radixrt.models.llama import LlamaForCausalLM
+
+MODEL_FAMILIES: dict[str, type[torch.nn.Module]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+}
+
+
+def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """Build the model for cfg.model_type and fill it from the checkpoint's safetensors."""
+    if cfg.model_type not in MODEL_FAMILIES:
+        raise ValueError(f"model_type {cfg.model_type!r} is not supported; known: {sorted(MODEL_FAMILIES)}")
+    with torch.device(device):
+        model = MODEL_FAMILIES[cfg.model_type](cfg)
+    model.load_weights(iter_safetensors(Path(path), device))
+    return model.to(dtype=dtype).eval()
+
+
+def iter_safetensors(path: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors of a checkpoint: one model.safetensors or the shards its index lists."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}")
+    for file in files:
+        with safe_open(str(path / file), framework="pt", device=str(device)) as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)

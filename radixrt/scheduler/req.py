@@ -1,0 +1,71 @@
+"""Req: one request's state in the scheduler, with its derived quantities named."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixrt.messages import FinishReason, TokenizedRequest, TopLogprobs
+from radixrt.sampling_params import SamplingParams
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)  # KV pages owned, covering positions [0, kv_len)
+    kv_len: int = 0  # tokens whose KV is in `pages`
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+    slot: int | None = None  # worker slot while running
+    slot_initialized: bool = False  # the worker has this request's sampling state
+    admitted_at: int = 0  # admission counter, for retraction order
+    finish: FinishReason | None = None
+    input_logprobs: list[float | None] = field(default_factory=list)
+    input_top: list[TopLogprobs] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
+
+    @classmethod
+    def from_msg(cls, m: TokenizedRequest) -> Req:
+        return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def extend_len(self) -> int:
+        """Tokens still to run through the model before the next sample (1 while decoding)."""
+        return self.seq_len - self.kv_len
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.extend_len == 1 and self.output_len > 0
+
+    @property
+    def remaining_tokens(self) -> int:
+        return max(self.sampling.max_new_tokens - self.output_len, 0)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0 and not self.prompt_logprobs_sent
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without concatenating the whole sequence."""
+        p = self.prompt_len
+        if end <= p:
+            return self.prompt_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]

@@ -1,0 +1,70 @@
+"""The scheduler process: block for requests when idle, otherwise run one step at a time."""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from radixrt.config import ServerArgs
+from radixrt.ipc import Receiver, Sender
+from radixrt.messages import (
+    AbortRequest,
+    BatchResult,
+    ChildFailed,
+    FrontendMsg,
+    ReadyMsg,
+    SchedulerReady,
+    SchedulerToWorker,
+    SchedulerToFrontend,
+    Shutdown,
+    StatsReply,
+    StatsRequest,
+    TokenBatchOut,
+    TokenizedRequest,
+    WorkerReady,
+)
+from radixrt.utils.procs import Addresses, configure_child
+
+
+def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, parent_pid: int) -> None:
+    configure_child(args, "scheduler", parent_pid)
+    ctx = zmq.Context()
+    ready: Sender[ReadyMsg] = Sender(ctx, addrs.ready)
+    inbox: Receiver[FrontendMsg] = Receiver(ctx, addrs.scheduler_in, FrontendMsg)
+    to_worker: Sender[SchedulerToWorker] = Sender(ctx, addrs.worker_in)
+    from_worker: Receiver[BatchResult] = Receiver(ctx, addrs.worker_out, BatchResult)
+    outbox: Sender[SchedulerToFrontend] = Sender(ctx, addrs.frontend_in)
+    try:
+        from transformers import AutoTokenizer
+
+        from radixrt.scheduler.scheduler import Scheduler
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+        sched = Scheduler(args, worker, tokenizer)
+    except Exception as e:
+        logging.exception("scheduler failed to start")
+        ready.send(ChildFailed(who="scheduler", error=f"{type(e).__name__}: {e}"))
+        raise SystemExit(1)
+    ready.send(SchedulerReady(max_total_tokens=worker.num_pages * worker.page_size))
+    while True:
+        # Block only when there is nothing to run; otherwise take what has arrived.
+        msg = inbox.recv(timeout_ms=None if sched.idle else 0)
+        while msg is not None:
+            if isinstance(msg, Shutdown):
+                to_worker.send(Shutdown())
+                return
+            if isinstance(msg, TokenizedRequest):
+                sched.add_request(msg)
+            elif isinstance(msg, AbortRequest):
+                sched.abort(msg.rid)
+            elif isinstance(msg, StatsRequest):
+                outbox.send(StatsReply(msg.query_id, sched.stats()))
+            msg = inbox.recv_nowait()
+        batch = sched.schedule()
+        if batch is not None:
+            to_worker.send(batch)
+            sched.process(from_worker.recv())
+        outputs = sched.take_outputs()
+        if outputs:
+            outbox.send(TokenBatchOut(outputs))

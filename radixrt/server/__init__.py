@@ -1,0 +1,1 @@
+"""Composition roots: the process launcher (and, later, the HTTP server)."""

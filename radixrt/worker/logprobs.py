@@ -1,0 +1,78 @@
+"""Which hidden rows need logits in a step, and the logprobs read from them.
+
+Logprobs are the log-softmax of the raw model logits (before temperature and
+penalties), as vLLM and SGLang report them by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radixrt.messages import BatchEntry, EntryLogprobs, TopLogprobs
+
+
+@dataclass
+class LogitRows:
+    rows: list[int] = field(default_factory=list)  # token rows of the step's hidden states
+    sample_pos: list[int] = field(default_factory=list)  # positions in `rows` to sample from, entry order
+    entry_sample: list[int | None] = field(default_factory=list)  # per entry: its position in `rows`
+    entry_prompt: list[int | None] = field(default_factory=list)  # per entry: first prompt-logprob position
+    any_logprobs: bool = False
+
+    @classmethod
+    def plan(cls, entries: list[BatchEntry]) -> LogitRows:
+        plan, offset = cls(), 0
+        for e in entries:
+            lp = e.logprobs
+            plan.any_logprobs |= lp is not None
+            first = None
+            if lp is not None and lp.prompt_from >= 0 and lp.prompt_targets:
+                first = len(plan.rows)
+                plan.rows.extend(range(offset + lp.prompt_from, offset + lp.prompt_from + len(lp.prompt_targets)))
+            plan.entry_prompt.append(first)
+            sample = None
+            if e.sample:
+                sample = len(plan.rows)
+                plan.sample_pos.append(sample)
+                plan.rows.append(offset + len(e.input_ids) - 1)
+            plan.entry_sample.append(sample)
+            offset += len(e.input_ids)
+        return plan
+
+    def index(self, device: torch.device) -> torch.Tensor:
+        return torch.tensor(self.rows, dtype=torch.int64, device=device)
+
+
+def _top(logp: torch.Tensor, k: int) -> list[TopLogprobs]:
+    """logp: [N, vocab] -> per row the k best (logprob, id)."""
+    if k <= 0:
+        return []
+    vals, ids = logp.topk(k, dim=-1)
+    return [list(zip(v, i)) for v, i in zip(vals.tolist(), ids.tolist())]
+
+
+def entry_logprobs(
+    entries: list[BatchEntry], plan: LogitRows, logits: torch.Tensor, next_ids: list[int]
+) -> list[EntryLogprobs | None]:
+    logp = torch.log_softmax(logits, dim=-1)  # [R, vocab]
+    out: list[EntryLogprobs | None] = []
+    sampled = iter(next_ids)
+    for e, first, pos in zip(entries, plan.entry_prompt, plan.entry_sample):
+        next_id = next(sampled) if e.sample else None
+        lp = e.logprobs
+        if lp is None:
+            out.append(None)
+            continue
+        res = EntryLogprobs()
+        if first is not None:
+            block = logp[first : first + len(lp.prompt_targets)]
+            targets = torch.tensor(lp.prompt_targets, dtype=torch.int64, device=logp.device)
+            res.prompt = block.gather(1, targets[:, None]).squeeze(1).tolist()
+            res.prompt_top = _top(block, lp.top_k)
+        if lp.output and pos is not None:
+            res.output = logp[pos, next_id].item()
+            res.output_top = _top(logp[pos : pos + 1], lp.top_k)[0] if lp.top_k > 0 else None
+        out.append(res)
+    return out

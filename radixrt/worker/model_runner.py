@@ -1,0 +1,117 @@
+"""ModelRunner: turns one ForwardBatch into one model forward, sampled ids and logprobs.
+
+Owns the model, the paged KV cache, the per-slot page tables (grown by the
+deltas the scheduler sends) and the sampler. The per-step work here is tensor
+building from the batch (O(batch) Python), the forward, and sampling.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from radixrt.config import ServerArgs
+from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend
+from radixrt.messages import BatchEntry, BatchResult, EntryLogprobs, ForwardBatch, WorkerReady
+from radixrt.models import ModelConfig, load_model
+from radixrt.worker.kv_pool import plan_num_pages
+from radixrt.worker.logprobs import LogitRows, entry_logprobs
+from radixrt.worker.sampler import Sampler
+
+logger = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs) -> None:
+        self.device = device = resolve_device(args.device)
+        self.cfg = cfg = ModelConfig.from_dir(args.model_path)
+        dtype = DTYPES[cfg.torch_dtype if args.dtype == "auto" else args.dtype]
+        self.context_length = args.context_length or cfg.max_position_embeddings
+        if self.context_length > cfg.max_position_embeddings:
+            raise ValueError(
+                f"context_length {self.context_length} exceeds the model's max_position_embeddings {cfg.max_position_embeddings}"
+            )
+        self.model = load_model(args.model_path, cfg, dtype, device)
+        self.bytes_per_token = PagedKVCache.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+        num_pages = plan_num_pages(args, self.bytes_per_token, device)
+        self.cache = PagedKVCache(cfg.num_layers, num_pages, args.page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+        backend = args.attention_backend or "torch"
+        self.attn = create_attention_backend(backend, self.cache, cfg.num_heads, cfg.head_dim, cfg.head_dim**-0.5)
+        self.page_size = args.page_size
+        slots = args.max_running_requests
+        # page_table[slot, i]: the i-th page of the request on that slot
+        self.page_table = torch.zeros(slots, math.ceil(self.context_length / args.page_size) + 1, dtype=torch.int64, device=device)
+        self.pages_used = [0] * slots
+        self.sampler = Sampler(slots, cfg.vocab_size, device)
+        logger.info("worker ready: %s on %s, %d pages of %d tokens", cfg.model_type, device, num_pages, args.page_size)
+
+    def ready_message(self) -> WorkerReady:
+        return WorkerReady(
+            num_pages=self.cache.num_pages,
+            page_size=self.page_size,
+            vocab_size=self.cfg.vocab_size,
+            context_length=self.context_length,
+            eos_ids=list(self.cfg.eos_ids),
+            bytes_per_token=self.bytes_per_token,
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> BatchResult:
+        self._apply_slot_changes(batch)
+        entries = batch.entries
+        meta, input_ids, positions = self._prepare(entries)
+        self.attn.init_forward(meta)
+        hidden = self.model(input_ids, positions, self.attn)  # [T, hidden]
+        rows = LogitRows.plan(entries)
+        logits = self.model.compute_logits(hidden[rows.index(self.device)])  # [R, vocab] float32
+        sample_logits = logits[rows.sample_pos]
+        next_ids = self.sampler.sample(sample_logits, [e.slot for e in entries if e.sample]) if rows.sample_pos else None
+        ids = next_ids.tolist() if next_ids is not None else []
+        logprobs: list[EntryLogprobs | None] = entry_logprobs(entries, rows, logits, ids) if rows.any_logprobs else []
+        return BatchResult(step=batch.step, next_ids=ids, logprobs=logprobs)
+
+    def _apply_slot_changes(self, batch: ForwardBatch) -> None:
+        for slot in batch.freed_slots:
+            self.sampler.remove(slot)
+        if batch.copy_src:
+            src = torch.tensor(batch.copy_src, dtype=torch.int64, device=self.device)
+            self.cache.copy_slots(src, torch.tensor(batch.copy_dst, dtype=torch.int64, device=self.device))
+        rows, cols, pages = [], [], []
+        for e in batch.entries:
+            if e.init is not None:
+                self.pages_used[e.slot] = 0
+                self.sampler.add(e.slot, e.init.sampling, e.init.penalty_ids, e.init.stop_ids, e.init.output_ids)
+            n = self.pages_used[e.slot]
+            rows += [e.slot] * len(e.new_pages)
+            cols += range(n, n + len(e.new_pages))
+            pages += e.new_pages
+            self.pages_used[e.slot] = n + len(e.new_pages)
+        if pages:
+            t = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
+            self.page_table[t(rows), t(cols)] = t(pages)
+
+    def _prepare(self, entries: list[BatchEntry]) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
+        dev = self.device
+        qo_lens = [len(e.input_ids) for e in entries]
+        kv_lens = [e.start_pos + n for e, n in zip(entries, qo_lens)]
+        input_ids = torch.tensor([t for e in entries for t in e.input_ids], dtype=torch.int64, device=dev)
+        qo = torch.tensor(qo_lens, dtype=torch.int64, device=dev)
+        starts = torch.tensor([e.start_pos for e in entries], dtype=torch.int64, device=dev)
+        req_of_row = torch.repeat_interleave(torch.arange(len(entries), device=dev), qo)  # [T]
+        first_row = torch.cumsum(qo, 0) - qo  # [B]
+        positions = starts[req_of_row] + torch.arange(len(input_ids), device=dev) - first_row[req_of_row]  # [T]
+        max_pages = math.ceil(max(kv_lens) / self.page_size)
+        slots = torch.tensor([e.slot for e in entries], dtype=torch.int64, device=dev)
+        page_table = self.page_table[slots, :max_pages]  # [B, max_pages]
+        ps = self.page_size
+        out_slots = page_table[req_of_row, positions // ps] * ps + positions % ps  # [T]
+        return AttentionMetadata(qo_lens, kv_lens, page_table, out_slots, ps), input_ids, positions

@@ -1,0 +1,276 @@
+"""Sampler: per-slot sampling state and the vectorized next-token step.
+
+Owns, per worker slot (the scheduler's request index), the sampling
+parameters as tensors, the output length, the stop ids banned until
+`min_new_tokens`, and, for slots with penalties, the output-token counts and
+prompt-token presence. `Sampler.sample` turns a batch of raw logits into next
+ids in the order SGLang and Hugging Face use:
+
+    penalties -> stop-id bans -> greedy argmax | temperature, top_k, top_p, min_p, draw
+
+Stages no row of the batch needs are skipped. Draws use the exponential race
+(argmax of p / E with E ~ Exp(1)); a seeded request draws its E from a
+generator seeded by (seed, output position), so its tokens do not depend on
+which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from radixrt.sampling_params import SamplingParams
+
+MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class _Slot:
+    """Per-request Python state: what the stage decisions read without a device sync."""
+
+    greedy: bool
+    penalized: bool
+    sorts: bool  # top_k or top_p is on: the row needs the sorted pass
+    min_p: bool
+    seed: int | None
+    min_new_tokens: int
+    stop_ids: list[int]  # in-vocab ids, banned while out_len < min_new_tokens
+    out_len: int = 0  # tokens sampled so far; a seeded row's draw position
+
+    @property
+    def bans_stops(self) -> bool:
+        return self.out_len < self.min_new_tokens and bool(self.stop_ids)
+
+
+class Sampler:
+    """Sampling state for `max_slots` request slots of one worker (one thread).
+
+    The scheduler owns which request is on which slot: add() when a request
+    starts on a slot, remove() when it leaves; sample() only reads slots that
+    hold a request.
+    """
+
+    def __init__(self, max_slots: int, vocab_size: int, device: torch.device) -> None:
+        self.max_slots, self.vocab_size, self.device = max_slots, vocab_size, device
+        self._slots: list[_Slot | None] = [None] * max_slots
+        # filters: [max_slots, 4] float32, columns (temperature, top_p, top_k, min_p).
+        # "Off" is stored as a value that filters nothing: top_p inf, top_k vocab_size, min_p 0.
+        self.filters = torch.zeros(max_slots, 4, dtype=torch.float32, device=device)
+        # penalties: [max_slots, 3] float32, columns (repetition, frequency, presence).
+        self.penalties = torch.zeros(max_slots, 3, dtype=torch.float32, device=device)
+        # Allocated on the first penalized slot; rows are valid only for penalized slots.
+        self.counts: torch.Tensor | None = None  # [max_slots, vocab] int32, output-token counts
+        self.in_prompt: torch.Tensor | None = None  # [max_slots, vocab] bool, token occurs in the prompt
+        self._gen = torch.Generator(device=device)  # reseeded per seeded row, per step
+
+    @torch.inference_mode()
+    def add(
+        self, slot: int, params: SamplingParams, prompt_ids: list[int], stop_ids: list[int], output_ids: list[int] = ()
+    ) -> None:
+        """Start a request on `slot`, replacing whatever the slot held.
+
+        output_ids: what the request already generated (a retracted request
+        coming back), so that min_new_tokens, seeded draw positions and
+        penalty counts continue where they were.
+
+        prompt_ids feed repetition_penalty (may be empty when it is off); they
+        must lie in [0, vocab_size) or ValueError is raised. stop_ids outside
+        the vocabulary are dropped: they can never be sampled, so banning them
+        is vacuous.
+        """
+        v = self.vocab_size
+        if not 0 <= slot < self.max_slots:
+            raise ValueError(f"slot {slot} outside [0, {self.max_slots})")
+        if prompt_ids and not (0 <= min(prompt_ids) and max(prompt_ids) < v):
+            raise ValueError(f"prompt ids outside the vocabulary [0, {v})")
+        top_k = v if params.top_k == -1 else min(params.top_k, v)
+        top_p = params.top_p if params.top_p < 1 else math.inf
+        self.filters[slot] = torch.tensor([params.temperature, top_p, top_k, params.min_p])
+        state = _Slot(
+            greedy=params.is_greedy,
+            penalized=params.has_penalties,
+            sorts=top_k < v or top_p < 1,
+            min_p=params.min_p > 0,
+            seed=params.seed,
+            min_new_tokens=params.min_new_tokens,
+            stop_ids=sorted({t for t in stop_ids if 0 <= t < v}),
+            out_len=len(output_ids),
+        )
+        if state.penalized:
+            self._reset_penalty_rows(slot, params, prompt_ids)
+            if output_ids:
+                ids = torch.tensor(list(output_ids), device=self.device)
+                self.counts[slot].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+        self._slots[slot] = state
+
+    def remove(self, slot: int) -> None:
+        """The request on `slot` left; idempotent. Its tensor rows are reset by the next add()."""
+        self._slots[slot] = None
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
+        """logits: [R, vocab] raw model logits, row i for slots[i] (distinct, added).
+
+        Returns next ids: [R] int64, and records them in each slot's state. The
+        `logits` tensor is not modified.
+        """
+        states = self._states(logits, slots)
+        if not slots:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        logits = self._process(logits, slots, states)
+        drawn = [i for i, s in enumerate(states) if not s.greedy]
+        if len(drawn) == len(slots):
+            next_ids = self._draw(logits, slots, states)
+        else:
+            next_ids = logits.argmax(dim=-1)  # [R] int64
+            if drawn:
+                rows = torch.tensor(drawn, device=self.device)  # [D] batch rows to draw
+                next_ids[rows] = self._draw(logits[rows], [slots[i] for i in drawn], [states[i] for i in drawn])
+        self._record(next_ids, slots, states)
+        return next_ids
+
+    @torch.inference_mode()
+    def processed_logits(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
+        """The logits greedy argmax reads: penalties applied, stop ids banned. [R, vocab]."""
+        return self._process(logits, slots, self._states(logits, slots))
+
+    # -- stages ---------------------------------------------------------------
+
+    def _states(self, logits: torch.Tensor, slots: list[int]) -> list[_Slot]:
+        if tuple(logits.shape) != (len(slots), self.vocab_size):
+            raise ValueError(f"logits {tuple(logits.shape)} do not match {len(slots)} slots x vocab {self.vocab_size}")
+        states = [self._slots[s] for s in slots]
+        missing = [s for s, st in zip(slots, states) if st is None]
+        if missing:
+            raise KeyError(f"slots {missing} have no request (add() first)")
+        return states  # type: ignore[return-value]
+
+    def _process(self, logits: torch.Tensor, slots: list[int], states: list[_Slot]) -> torch.Tensor:
+        logits = logits.float()  # no copy when already float32
+        penalized = [i for i, s in enumerate(states) if s.penalized]
+        if penalized:
+            logits = self._penalize(logits, slots, penalized)
+        if any(s.bans_stops for s in states):
+            logits = _ban_stops(logits, states)
+        return logits
+
+    def _penalize(self, logits: torch.Tensor, slots: list[int], rows: list[int]) -> torch.Tensor:
+        assert self.counts is not None and self.in_prompt is not None
+        r = torch.tensor(rows, device=self.device)  # [P] batch rows
+        s = torch.tensor([slots[i] for i in rows], device=self.device)  # [P] their slots
+        repetition, frequency, presence = self.penalties[s].unbind(1)  # each [P]
+        penalized = apply_penalties(logits[r], self.counts[s], self.in_prompt[s], repetition, frequency, presence)
+        return logits.index_copy(0, r, penalized)
+
+    def _draw(self, logits: torch.Tensor, slots: list[int], states: list[_Slot]) -> torch.Tensor:
+        """Non-greedy rows: logits [R, vocab] -> drawn ids [R] int64."""
+        idx = torch.tensor(slots, device=self.device)
+        temperature, top_p, top_k, min_p = self.filters[idx].unbind(1)  # each [R]
+        probs = torch.softmax(logits / temperature[:, None], dim=-1)  # [R, vocab]
+        if any(s.sorts for s in states):
+            probs = top_k_top_p_filter(probs, top_k, top_p)
+        if any(s.min_p for s in states):
+            probs = min_p_filter(probs, min_p)
+        noise = self._exponential_noise(probs.shape, states)  # [R, vocab]
+        return (probs / noise).argmax(dim=-1)
+
+    def _exponential_noise(self, shape: torch.Size, states: list[_Slot]) -> torch.Tensor:
+        """Exp(1) draws: [R, vocab]. Seeded rows depend only on (seed, out_len)."""
+        noise = torch.empty(shape, dtype=torch.float32, device=self.device)
+        seeded = [i for i, s in enumerate(states) if s.seed is not None]
+        if len(seeded) < len(states):
+            noise.exponential_()  # global RNG for the unseeded rows
+        for i in seeded:
+            self._gen.manual_seed(_row_seed(states[i].seed, states[i].out_len))  # type: ignore[arg-type]
+            noise[i].exponential_(generator=self._gen)
+        # NOTE: exponential_ may return 0; p / 0 would be inf (or nan for p == 0).
+        return noise.clamp_min_(torch.finfo(torch.float32).tiny)
+
+    def _record(self, next_ids: torch.Tensor, slots: list[int], states: list[_Slot]) -> None:
+        for state in states:
+            state.out_len += 1
+        rows = [i for i, state in enumerate(states) if state.penalized]
+        if rows:
+            assert self.counts is not None
+            r = torch.tensor(rows, device=self.device)  # [P] batch rows
+            s = torch.tensor([slots[i] for i in rows], device=self.device)  # [P] their slots
+            self.counts[s, next_ids[r]] += 1  # slots are distinct: no index repeats
+
+    def _reset_penalty_rows(self, slot: int, params: SamplingParams, prompt_ids: list[int]) -> None:
+        if self.counts is None:
+            shape = (self.max_slots, self.vocab_size)
+            self.counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
+            self.in_prompt = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        assert self.in_prompt is not None
+        self.penalties[slot] = torch.tensor([params.repetition_penalty, params.frequency_penalty, params.presence_penalty])
+        self.counts[slot].zero_()
+        self.in_prompt[slot].zero_()
+        if prompt_ids:
+            self.in_prompt[slot, torch.tensor(prompt_ids, device=self.device)] = True
+
+
+# -- pure tensor functions (tests hold these to naive references) -------------
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    counts: torch.Tensor,
+    in_prompt: torch.Tensor,
+    repetition: torch.Tensor,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+) -> torch.Tensor:
+    """Penalized logits [R, V] from raw logits [R, V], output counts [R, V], prompt presence [R, V] bool
+    and per-row penalties [R].
+
+    repetition (Hugging Face): for ids in the prompt or the output, logit / p if logit > 0 else logit * p.
+    frequency and presence (OpenAI), over output ids: logit -= frequency * count + presence * (count > 0).
+    """
+    in_output = counts > 0  # [R, V]
+    rep = repetition[:, None]
+    repeated = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(in_prompt | in_output, repeated, logits)
+    return logits - frequency[:, None] * counts.to(logits.dtype) - presence[:, None] * in_output.to(logits.dtype)
+
+
+def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """probs: [R, V] -> [R, V] with ids outside the top_k, then outside the top_p nucleus
+    of what top_k kept, set to 0 (not renormalized). top_k, top_p: [R] float;
+    top_k >= V and top_p = inf filter nothing. The top id is always kept.
+    """
+    # stable: equal probs keep vocab order, so the result never depends on the batch.
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [R, V] each
+    ranks = torch.arange(probs.shape[-1], device=probs.device)  # [V]
+    sorted_probs = sorted_probs.masked_fill(ranks >= top_k[:, None], 0.0)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [R, V] mass of the better ids
+    # Keep an id while the better ids hold less than top_p of the mass top_k kept.
+    outside = before >= top_p[:, None] * sorted_probs.sum(dim=-1, keepdim=True)
+    sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+    return torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+
+
+def min_p_filter(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """probs: [R, V] -> [R, V] with ids below min_p * (the row's top prob) set to 0. min_p: [R]."""
+    threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)  # [R, 1]
+    return probs.masked_fill(probs < threshold, 0.0)
+
+
+def _ban_stops(logits: torch.Tensor, states: list[_Slot]) -> torch.Tensor:
+    rows: list[int] = []
+    cols: list[int] = []
+    for i, s in enumerate(states):
+        if s.bans_stops:
+            rows += [i] * len(s.stop_ids)
+            cols += s.stop_ids
+    index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
+    return logits.index_put(index, torch.tensor(-math.inf, device=logits.device))
+
+
+def _row_seed(seed: int, position: int) -> int:
+    """A 64-bit generator seed from (request seed, output position): splitmix64's finalizer."""
+    x = (seed * 0x9E3779B97F4A7C15 + position) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Make .venv when missing and install the project with its dev extras.
+# Machines without a GPU get the CPU build torch==2.13.0; machines with one, a CUDA build.
+# Re-running is cheap: it skips pip when nothing it installs from has changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+  "${PYTHON:-python3}" -m venv .venv
+fi
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  torch_req="torch"
+else
+  torch_req="torch==2.13.0"
+fi
+stamp=.venv/.radixrt-installed
+want="$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1) $torch_req"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check "$torch_req"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
