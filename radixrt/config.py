@@ -21,6 +21,10 @@ def _arg(default: Any, help: str) -> Any:
 class ServerArgs:
     model_path: str = _arg(None, "directory of a Hugging Face checkpoint (config.json, *.safetensors, tokenizer)")
     tokenizer_path: str | None = _arg(None, "tokenizer directory (default: model_path)")
+    served_model_name: str | None = _arg(None, "model name in the OpenAI API (default: model_path)")
+    host: str = _arg("127.0.0.1", "HTTP host to bind (launch_server)")
+    port: int = _arg(30000, "HTTP port to bind (launch_server)")
+    api_key: str | None = _arg(None, "require 'Authorization: Bearer <key>' on every endpoint but /health")
     dtype: str = _arg("auto", "weights and activations dtype: auto (from config.json), float32, bfloat16, float16")
     device: str = _arg("auto", "cpu, cuda or auto (cuda when available)")
     context_length: int | None = _arg(None, "maximum tokens per sequence (default: the model's max_position_embeddings)")
@@ -31,6 +35,8 @@ class ServerArgs:
     )
     chunked_prefill_size: int = _arg(4096, "maximum prompt tokens prefilled per step; -1 disables chunking")
     max_running_requests: int = _arg(256, "maximum requests in the running batch")
+    schedule_policy: str = _arg("lpm", "admission order: lpm (longest cached prefix first) or fcfs")
+    disable_radix_cache: bool = _arg(False, "do not reuse KV across requests (every prompt is computed in full)")
     attention_backend: str | None = _arg(None, "attention kernel: torch (default on CPU)")
     random_seed: int = _arg(0, "seed of the global sampling RNG")
     log_level: str = _arg("info", "logging level: debug, info, warning, error")
@@ -38,6 +44,8 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if not self.model_path:
             raise ValueError("model_path is required")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -52,6 +60,8 @@ class ServerArgs:
             raise ValueError(f"chunked_prefill_size must be -1 or >= 1, got {self.chunked_prefill_size}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.schedule_policy not in ("lpm", "fcfs"):
+            raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
 
@@ -62,6 +72,10 @@ class ServerArgs:
         if unknown:
             raise ValueError(f"unknown server argument(s): {', '.join(unknown)}")
         return cls(**kwargs)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
 
     @property
     def prefill_chunk(self) -> int:

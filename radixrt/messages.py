@@ -23,6 +23,7 @@ class TokenizedRequest(msgspec.Struct, tag=True):
     return_logprob: bool = False
     logprob_start_len: int = -1  # first prompt position with a logprob; -1: none
     top_logprobs_num: int = 0
+    cache_salt: str | None = None  # prefix-cache namespace: different salts never share pages
 
 
 class AbortRequest(msgspec.Struct, tag=True):
@@ -33,11 +34,14 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-class StatsRequest(msgspec.Struct, tag=True):
+class ControlRequest(msgspec.Struct, tag=True):
+    """A question for the scheduler that gets a ControlReply: its counters, or a cache flush."""
+
     query_id: str
+    kind: str  # "stats" | "flush_cache"
 
 
-FrontendMsg = Union[TokenizedRequest, AbortRequest, StatsRequest, Shutdown]
+FrontendMsg = Union[TokenizedRequest, AbortRequest, ControlRequest, Shutdown]
 
 # -- scheduler -> frontend ---------------------------------------------------
 
@@ -73,12 +77,13 @@ class TokenBatchOut(msgspec.Struct, tag=True):
     outputs: list[ReqOutput]
 
 
-class StatsReply(msgspec.Struct, tag=True):
+class ControlReply(msgspec.Struct, tag=True):
     query_id: str
     stats: dict[str, int | float]
+    error: str | None = None
 
 
-SchedulerToFrontend = Union[TokenBatchOut, StatsReply]
+SchedulerToFrontend = Union[TokenBatchOut, ControlReply]
 
 
 # -- scheduler -> worker -----------------------------------------------------

@@ -52,6 +52,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             if value is None:
                 continue
             if key in UNSUPPORTED_FIELDS:
+                if not value:  # an empty constraint (SGLang's client sends stop_regex=[]) asks for nothing
+                    continue
                 raise ValueError(f"sampling_params.{key} (constrained decoding) is not supported by this server yet")
             fields[ALIASES.get(key, key)] = value
         if isinstance(fields.get("stop"), str):

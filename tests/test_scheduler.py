@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from fake_worker import FakeWorker, reference_generate
 from radixrt.config import ServerArgs
 from radixrt.messages import TokenizedRequest
@@ -17,15 +19,36 @@ class CharTokenizer:
 
 
 def make(num_pages: int, page_size: int, **args) -> tuple[Scheduler, FakeWorker]:
+    args.setdefault("schedule_policy", "fcfs")
     worker = FakeWorker(num_pages, page_size)
     server_args = ServerArgs(model_path="unused", page_size=page_size, **args)
     return Scheduler(server_args, worker.ready, CharTokenizer()), worker
 
 
+def tree_pages(cache) -> list[int]:
+    out, stack = [], list(getattr(cache, "roots", {}).values())
+    while stack:
+        node = stack.pop()
+        out += node.pages
+        stack += node.children.values()
+    return out
+
+
 def assert_pages_consistent(s: Scheduler) -> None:
-    owned = [p for r in s.running for p in r.pages]
-    assert len(owned) == len(set(owned)), "a page is owned twice"
-    assert s.allocator.num_free + len(owned) == s.allocator.num_pages
+    """free + cache + each running request's own pages == pool, with no page in two places."""
+    owned = [p for r in s.running for p in r.owned_pages]
+    held = tree_pages(s.mem.cache)
+    free = s.mem.allocator._free.tolist()
+    everything = owned + held + free
+    assert len(everything) == len(set(everything)) == s.mem.allocator.num_pages
+    assert len(held) == s.mem.cache.total_pages
+
+
+def assert_idle_pool(s: Scheduler) -> None:
+    assert s.idle
+    assert_pages_consistent(s)
+    assert s.mem.allocator.num_free + s.mem.cache.total_pages == s.mem.allocator.num_pages
+    assert s.mem.cache.evictable_pages == s.mem.cache.total_pages, "an idle scheduler pins nothing"
 
 
 def run(s: Scheduler, w: FakeWorker, requests: list[TokenizedRequest], arrivals: dict[int, int] | None = None):
@@ -44,7 +67,7 @@ def run(s: Scheduler, w: FakeWorker, requests: list[TokenizedRequest], arrivals:
             s.process(w.forward(batch))
         assert_pages_consistent(s)
         for out in s.take_outputs():
-            outputs[out.rid] += out.new_ids
+            outputs.setdefault(out.rid, []).extend(out.new_ids)
             if out.finish is not None:
                 finish[out.rid] = out.finish
         step += 1
@@ -65,7 +88,7 @@ def test_outputs_follow_the_true_sequence_with_chunking_and_late_arrivals():
         for r in reqs:
             assert outputs[r.rid] == reference_generate(r.input_ids, r.sampling.max_new_tokens)
             assert finish[r.rid].type == "length"
-        assert s.allocator.num_free == s.allocator.num_pages
+        assert_idle_pool(s)
 
 
 def test_small_pool_retracts_and_still_completes_every_request():
@@ -75,8 +98,8 @@ def test_small_pool_retracts_and_still_completes_every_request():
     outputs, finish = run(s, w, reqs)
     for r in reqs:
         assert outputs[r.rid] == reference_generate(r.input_ids, 40), r.rid
-    assert s.retractions > 0
-    assert s.allocator.num_free == s.allocator.num_pages
+    assert s.counters["retractions"] > 0
+    assert_idle_pool(s)
 
 
 def test_a_sequence_larger_than_the_pool_is_aborted_with_a_reason():
@@ -87,7 +110,7 @@ def test_a_sequence_larger_than_the_pool_is_aborted_with_a_reason():
     s, w = make(num_pages=4, page_size=4)
     outputs, finish = run(s, w, [req("grows", [1] * 10, 20)])  # fits at first, outgrows the pool while decoding
     assert finish["grows"].type == "abort"
-    assert s.allocator.num_free == s.allocator.num_pages
+    assert_idle_pool(s)
 
 
 def test_stop_token_stop_string_and_prefill_only():
@@ -120,4 +143,92 @@ def test_abort_returns_pages():
     s.abort("b")
     outs = {o.rid: o for o in s.take_outputs() if o.finish is not None}
     assert outs["a"].finish.type == "abort" and outs["b"].finish.type == "abort"
-    assert s.idle and s.allocator.num_free == 256
+    assert s.idle
+    assert_idle_pool(s)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("policy", ["lpm", "fcfs"])
+def test_shared_document_is_computed_once_and_hit_by_every_question(page_size, policy):
+    rng = random.Random(2)
+    doc = [rng.randrange(50) for _ in range(300)]
+    s, w = make(num_pages=4096 // page_size, page_size=page_size, schedule_policy=policy, chunked_prefill_size=128)
+    reqs = [req(f"q{i}", doc + [rng.randrange(50) for _ in range(rng.randint(3, 20))], 8) for i in range(16)]
+    computed = []
+    orig = w.forward
+    w.forward = lambda b: computed.append(sum(len(e.input_ids) for e in b.entries)) or orig(b)
+    outputs, _ = run(s, w, reqs)
+    for r in reqs:
+        assert outputs[r.rid] == reference_generate(r.input_ids, 8)
+    prompt_tokens = sum(len(r.input_ids) for r in reqs)
+    # the document once, each question's own tokens, and the decodes: nothing recomputed twice
+    assert sum(computed) <= len(doc) + (prompt_tokens - 16 * len(doc)) + 16 * 8 + 16 * page_size
+    assert s.stats()["cache_hit_rate"] > 0.85
+    assert_idle_pool(s)
+
+
+def test_copy_on_write_reuses_the_partial_last_page():
+    s, w = make(num_pages=256, page_size=16)
+    prompt = list(range(1, 41))  # 2.5 pages
+    out1, _ = run(s, w, [req("a", prompt, 5)])
+    # The next turn extends prompt + output: everything computed (all but the last output token) is reused.
+    turn2 = prompt + out1["a"] + [7, 8, 9]
+    out2, _ = run(s, w, [req("b", turn2, 5)])
+    assert out2["b"] == reference_generate(turn2, 5)
+    r_cached = s.counters["cached_prompt_tokens"] - 0
+    assert r_cached == 0 + (len(prompt) + 5 - 1)  # first request hit nothing; b hit all that a computed
+    assert_idle_pool(s)
+
+
+def test_the_same_prompt_twice_reports_all_but_the_last_token_cached():
+    for page_size in (1, 16):
+        s, w = make(num_pages=256, page_size=page_size)
+        prompt = list(range(3, 60))
+        outs = []
+        for rid in ("first", "second"):
+            s.add_request(req(rid, prompt, 3))
+            while not s.idle:
+                s.process(w.forward(s.schedule()))
+            outs += [o for o in s.take_outputs() if o.finish is not None]
+        assert [o.cached_tokens for o in outs] == [0, len(prompt) - 1]
+
+
+def test_namespaces_never_share():
+    s, w = make(num_pages=256, page_size=4)
+    prompt = list(range(40))
+    a = TokenizedRequest("a", prompt, SamplingParams(max_new_tokens=2, temperature=0), cache_salt="tenant-a")
+    b = TokenizedRequest("b", prompt, SamplingParams(max_new_tokens=2, temperature=0), cache_salt="tenant-b")
+    c = TokenizedRequest("c", prompt, SamplingParams(max_new_tokens=2, temperature=0), cache_salt="tenant-a")
+    run(s, w, [a])
+    run(s, w, [b])
+    assert s.counters["cached_prompt_tokens"] == 0
+    run(s, w, [c])
+    assert s.counters["cached_prompt_tokens"] == len(prompt) - 1
+
+
+def test_disabled_cache_keeps_nothing_and_flush_refuses_while_busy():
+    s, w = make(num_pages=256, page_size=4, disable_radix_cache=True)
+    run(s, w, [req("a", list(range(40)), 3), req("b", list(range(40)), 3)])
+    assert s.mem.cache.total_pages == 0 and s.counters["cached_prompt_tokens"] == 0
+    assert_idle_pool(s)
+    s, w = make(num_pages=256, page_size=4)
+    run(s, w, [req("a", list(range(40)), 3)])
+    assert s.mem.cache.total_pages > 0
+    s.add_request(req("b", list(range(10)), 3))
+    assert "running" in s.flush_cache() or "waiting" in s.flush_cache()
+    run(s, w, [])
+    assert s.flush_cache() is None and s.mem.cache.total_pages == 0
+    assert s.mem.allocator.num_free == 256
+
+
+def test_pressure_evicts_before_retracting_and_everything_completes():
+    rng = random.Random(5)
+    s, w = make(num_pages=60, page_size=4, schedule_policy="lpm", chunked_prefill_size=64)
+    docs = [[rng.randrange(50) for _ in range(80)] for _ in range(4)]
+    reqs = [req(f"r{i}", docs[i % 4] + [i, i + 1], 24) for i in range(24)]
+    outputs, finish = run(s, w, reqs, arrivals={i: i for i in range(24)})
+    for r in reqs:
+        assert outputs[r.rid] == reference_generate(r.input_ids, 24), r.rid
+    st = s.stats()
+    assert st["evicted_pages"] > 0
+    assert_idle_pool(s)

@@ -29,6 +29,7 @@ class ReqState:
     input_top: list[TopLogprobs | None] | None = None
     created: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+    last_token_at: float | None = None
     finished_at: float | None = None
 
     @property
@@ -36,8 +37,10 @@ class ReqState:
         return self.finish is not None
 
     def apply(self, out: ReqOutput) -> None:
-        if out.new_ids and self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
+        if out.new_ids:
+            now = time.perf_counter()
+            self.first_token_at = self.first_token_at or now
+            self.last_token_at = now
         self.output_ids += out.new_ids
         self.cached_tokens = out.cached_tokens
         self.output_logprobs += out.output_logprobs

@@ -18,15 +18,17 @@ import zmq
 
 from radixrt.config import ServerArgs
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
+from radixrt.frontend.generate_input import GenerateInput
 from radixrt.frontend.req_state import ReqState
 from radixrt.ipc import Receiver, Sender
 from radixrt.messages import (
     AbortRequest,
+    ControlReply,
+    ControlRequest,
     FrontendMsg,
+    ReqOutput,
     SchedulerToFrontend,
     Shutdown,
-    StatsReply,
-    StatsRequest,
     TokenizedRequest,
     WorkerReady,
 )
@@ -41,17 +43,25 @@ class BackendDied(RuntimeError):
 
 
 class TokenizerManager:
-    def __init__(self, args: ServerArgs, addrs: Addresses, worker: WorkerReady, check_alive: Callable[[], str | None]):
+    def __init__(
+        self,
+        args: ServerArgs,
+        addrs: Addresses,
+        worker: WorkerReady,
+        check_alive: Callable[[], str | None],
+        observer: Callable[[ReqState, ReqOutput], None] | None = None,
+    ):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
         self.context_length = worker.context_length
         self.vocab_size = worker.vocab_size
         self._check_alive = check_alive  # -> None, or why the backend is gone
+        self._observer = observer  # sees every output before it is applied (metrics)
         self._ctx = zmq.Context()
         self._to_scheduler: Sender[FrontendMsg] = Sender(self._ctx, addrs.scheduler_in)
         self._from_scheduler: Receiver[SchedulerToFrontend] = Receiver(self._ctx, addrs.frontend_in, SchedulerToFrontend)
-        self._stats_waiters: dict[str, queue.SimpleQueue[dict[str, int | float]]] = {}
+        self._control_waiters: dict[str, queue.SimpleQueue[ControlReply]] = {}
         self._states: dict[str, ReqState] = {}
         self._lock = threading.Lock()  # guards _states and the sender
         self.dead: str | None = None
@@ -92,6 +102,7 @@ class TokenizerManager:
         logprob_start_len: int | None = None,
         top_logprobs_num: int = 0,
         return_text_in_logprobs: bool = False,
+        cache_salt: str | None = None,
     ) -> ReqState:
         if self.dead:
             raise BackendDied(self.dead)
@@ -99,7 +110,7 @@ class TokenizerManager:
         rid = rid or uuid.uuid4().hex
         detok = IncrementalDetokenizer(self.tokenizer, sampling)
         state = ReqState(rid, ids, sampling, detok, notify, return_logprob, return_text_in_logprobs)
-        msg = TokenizedRequest(rid, ids, sampling, return_logprob, start, top_logprobs_num)
+        msg = TokenizedRequest(rid, ids, sampling, return_logprob, start, top_logprobs_num, cache_salt)
         with self._lock:
             if rid in self._states:
                 raise ValueError(f"rid {rid!r} is already in use")
@@ -107,19 +118,33 @@ class TokenizerManager:
             self._to_scheduler.send(msg)
         return state
 
+    def submit_all(self, gen: GenerateInput, notify: Callable[[], None]) -> list[ReqState]:
+        """Tokenize and validate every item, then send them all (nothing is sent if one is bad)."""
+        ids = [self.tokenize(item.prompt, item.input_ids) for item in gen.items]
+        for tokens, item in zip(ids, gen.items):
+            _logprob_start(len(tokens), item.return_logprob, item.logprob_start_len, item.top_logprobs_num)
+        return [
+            self.submit(
+                tokens, item.sampling, notify, rid=item.rid, return_logprob=item.return_logprob,
+                logprob_start_len=item.logprob_start_len, top_logprobs_num=item.top_logprobs_num,
+                return_text_in_logprobs=item.return_text_in_logprobs, cache_salt=item.cache_salt,
+            )
+            for tokens, item in zip(ids, gen.items)
+        ]
+
     def abort(self, rid: str) -> None:
         with self._lock:
             if rid in self._states:
                 self._to_scheduler.send(AbortRequest(rid))
 
-    def scheduler_stats(self, timeout: float = 30.0) -> dict[str, int | float]:
-        """The scheduler's counters (pool pages, queue lengths, ...), asked for now."""
+    def control(self, kind: str, timeout: float = 30.0) -> ControlReply:
+        """Ask the scheduler ("stats" or "flush_cache") and wait for its reply."""
         if self.dead:
             raise BackendDied(self.dead)
         query_id, reply = uuid.uuid4().hex, queue.SimpleQueue()
         with self._lock:
-            self._stats_waiters[query_id] = reply
-            self._to_scheduler.send(StatsRequest(query_id))
+            self._control_waiters[query_id] = reply
+            self._to_scheduler.send(ControlRequest(query_id, kind))
         return reply.get(timeout=timeout)
 
     # -- output ----------------------------------------------------------------
@@ -138,8 +163,8 @@ class TokenizerManager:
                     self._fail_all(why)
                     return
                 continue
-            if isinstance(msg, StatsReply):
-                self._stats_waiters.pop(msg.query_id).put(msg.stats)
+            if isinstance(msg, ControlReply):
+                self._control_waiters.pop(msg.query_id).put(msg)
                 continue
             for out in msg.outputs:
                 with self._lock:
@@ -147,6 +172,8 @@ class TokenizerManager:
                     if state is not None and out.finish is not None:
                         del self._states[out.rid]
                 if state is not None:
+                    if self._observer is not None:
+                        self._observer(state, out)
                     state.apply(out)
 
     def _fail_all(self, why: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixrt.cache import Node
 from radixrt.messages import FinishReason, TokenizedRequest, TopLogprobs
 from radixrt.sampling_params import SamplingParams
 
@@ -16,10 +17,15 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    cache_salt: str | None = None  # prefix-cache namespace
     output_ids: list[int] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)  # KV pages owned, covering positions [0, kv_len)
+    pages: list[int] = field(default_factory=list)  # page table: KV of positions [0, kv_len)
+    pages_sent: int = 0  # leading pages the worker's page table already has
+    tree_pages: int = 0  # leading pages covered by the prefix cache (matched or inserted)
+    dup_pages: list[int] = field(default_factory=list)  # our pages among those whose tokens the cache already had
+    lock_node: Node | None = None  # deepest prefix-cache node this request pins
     kv_len: int = 0  # tokens whose KV is in `pages`
-    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+    cached_tokens: int = -1  # prompt tokens reused from the prefix cache at first admission (-1: not yet)
     slot: int | None = None  # worker slot while running
     slot_initialized: bool = False  # the worker has this request's sampling state
     admitted_at: int = 0  # admission counter, for retraction order
@@ -30,7 +36,7 @@ class Req:
 
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:
-        return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num)
+        return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.cache_salt)
 
     @property
     def prompt_len(self) -> int:
@@ -56,6 +62,20 @@ class Req:
     @property
     def remaining_tokens(self) -> int:
         return max(self.sampling.max_new_tokens - self.output_len, 0)
+
+    @property
+    def owned_pages(self) -> list[int]:
+        """Pages this request must free itself (the rest belong to the prefix cache)."""
+        return self.dup_pages + self.pages[self.tree_pages :]
+
+    @property
+    def match_limit(self) -> int:
+        """How much of the sequence may come from the cache: the last token must run (it
+        yields the next-token logits), and so must every position whose prompt logprob is wanted."""
+        limit = self.seq_len - 1
+        if self.wants_prompt_logprobs:
+            limit = min(limit, max(self.logprob_start_len, 1) - 1)
+        return limit
 
     @property
     def wants_prompt_logprobs(self) -> bool:

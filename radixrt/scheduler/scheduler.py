@@ -1,10 +1,13 @@
-"""Scheduler: admits requests, assigns pages and slots, builds each step's batch,
-and turns the worker's sampled ids into per-request outputs.
+"""Scheduler: admits requests, builds each step's batch, and turns the worker's
+sampled ids into per-request outputs. Page ownership lives in KVMemory.
 
-One step = grow every decoding request by one token, then fill the remaining
-prefill budget (chunked) from partially prefilled and waiting requests. When
-pages run out for the decodes, the most recently admitted request is retracted
-to the front of the queue and later recomputed, so nothing fails.
+One step = grow every decoding request by one token, then fill the prefill
+budget (chunked) from partially prefilled requests and then waiting ones in
+policy order, each starting from its longest cached prefix. A waiting request
+that shares a not-yet-cached prefix with one admitted this step waits a step,
+so the shared part is computed once and then hit. When pages run out, the cache
+evicts first; then the most recently admitted request is retracted (what it
+computed goes into the cache) and recomputed later, so nothing fails.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import logging
 import math
 from typing import Any
 
-from radixrt.cache import PageAllocator
 from radixrt.config import ServerArgs
 from radixrt.messages import (
     BatchEntry,
@@ -28,6 +30,7 @@ from radixrt.messages import (
     WorkerReady,
 )
 from radixrt.scheduler.budget import AdmissionBudget
+from radixrt.scheduler.kv_memory import KVMemory
 from radixrt.scheduler.policy import SCHEDULE_POLICIES
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.stop import StopChecker
@@ -36,12 +39,14 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
+    SHARE_PROBE = 32  # tokens compared to detect two waiting requests sharing an uncached prefix
+
     def __init__(self, args: ServerArgs, worker: WorkerReady, tokenizer: Any) -> None:
         self.args = args
         self.page_size = worker.page_size
-        self.allocator = PageAllocator(worker.num_pages)
+        self.mem = KVMemory(worker.num_pages, worker.page_size, use_cache=not args.disable_radix_cache)
         self.stop = StopChecker(tokenizer, worker.eos_ids, worker.context_length)
-        self.policy = SCHEDULE_POLICIES["fcfs"]
+        self.policy = SCHEDULE_POLICIES[args.schedule_policy]
         self.budget = AdmissionBudget(worker.page_size)
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -51,7 +56,7 @@ class Scheduler:
         self.outbox: list[ReqOutput] = []
         self.step_no = 0
         self.admissions = 0
-        self.retractions = 0
+        self.counters = dict.fromkeys(("retractions", "prompt_tokens", "cached_prompt_tokens"), 0)
 
     @property
     def idle(self) -> bool:
@@ -75,6 +80,13 @@ class Scheduler:
         out, self.outbox = self.outbox, []
         return out
 
+    def flush_cache(self) -> str | None:
+        """Empty the prefix cache; returns why not when requests are in the system."""
+        if not self.idle:
+            return f"cannot flush the cache while {len(self.running)} running and {len(self.waiting)} waiting requests use it"
+        self.mem.flush()
+        return None
+
     # -- the scheduling decision ----------------------------------------------
 
     def schedule(self) -> ForwardBatch | None:
@@ -90,13 +102,14 @@ class Scheduler:
             return None
         self.step_no += 1
         self.budget.on_step()
-        batch = ForwardBatch(step=self.step_no, entries=entries, freed_slots=self.freed_slots)
+        src, dst = self.mem.take_copies()
+        batch = ForwardBatch(self.step_no, entries, self.freed_slots, src, dst)
         self.freed_slots = []
         return batch
 
     def _schedule_decodes(self, entries: list[BatchEntry]) -> None:
         decoding = [r for r in self.running if r.is_decoding]
-        while sum(self._pages_needed(r, 1) for r in decoding) > self.allocator.num_free:
+        while sum(self.mem.pages_needed(r, 1) for r in decoding) > self.mem.available:
             victim = self._make_room()
             if victim in decoding:
                 decoding.remove(victim)
@@ -105,22 +118,40 @@ class Scheduler:
 
     def _schedule_prefills(self, entries: list[BatchEntry]) -> None:
         token_budget = self.args.prefill_chunk
-        # Admitted requests always progress, by as much as the free pages allow.
+        # Admitted requests always progress, by as much as the available pages allow.
         for r in [r for r in self.running if not r.is_decoding]:
-            n = self._fit_tokens(r, min(r.extend_len, token_budget))
+            n = self.mem.fit_tokens(r, min(r.extend_len, token_budget))
             if n > 0:
                 entries.append(self._entry(r, n))
                 token_budget -= n
         # New requests come in whole chunks, keeping pages back for the running ones' growth.
         reserve = self.budget.reserve_pages(self.running)
-        for r in self.policy(self.waiting):
-            n = min(r.extend_len, token_budget)
-            if n <= 0 or not self.free_slots or self._pages_needed(r, n) + reserve > self.allocator.num_free:
+        computing = [r for r in self.running if not r.is_decoding]  # their uncached tokens are being computed
+        for r in self.policy(self.waiting, self.mem.prefix_len):
+            if token_budget <= 0 or not self.free_slots:
                 break
-            self._admit(r)
+            m = self.mem.match(r)
+            matched = len(m.pages) * self.page_size + m.partial_len
+            n = min(r.seq_len - matched, token_budget)
+            if self._shares_uncached_prefix(r, matched, computing):
+                self.mem.unlock_match(m)
+                continue
+            if self.mem.admission_pages(m, n) + reserve > self.mem.available:
+                self.mem.unlock_match(m)
+                break
+            self._admit(r, m)
+            computing.append(r)
             entries.append(self._entry(r, n))
             token_budget -= n
             reserve += self.budget.reserve_pages([r])
+
+    def _shares_uncached_prefix(self, r: Req, matched: int, computing: list[Req]) -> bool:
+        """A request still prefilling will compute r's next tokens: wait for them and hit the cache."""
+        end = matched + self.SHARE_PROBE
+        if r.seq_len < end + 1:
+            return False
+        probe = r.tokens(0, end)
+        return any(a.cache_salt == r.cache_salt and a.seq_len > end and a.tokens(0, end) == probe for a in computing)
 
     def _make_room(self) -> Req | None:
         """Nothing fits: retract the newest running request, or, with none running,
@@ -133,19 +164,17 @@ class Scheduler:
                 self._retract(victim)
             return victim
         r = self.waiting.pop(0)
-        self._finish(r, FinishReason("abort", message=f"the prompt needs more KV pages than the pool's {self.allocator.num_pages}"))
+        pool = self.mem.allocator.num_pages
+        self._finish(r, FinishReason("abort", message=f"the prompt needs more KV pages than the pool's {pool}"))
         return r
 
-    def _fit_tokens(self, r: Req, n: int) -> int:
-        """The most of n next tokens of r whose pages are free now."""
-        capacity = (len(r.pages) + self.allocator.num_free) * self.page_size - r.kv_len
-        return max(0, min(n, capacity))
-
-    def _pages_needed(self, r: Req, n: int) -> int:
-        return math.ceil((r.kv_len + n) / self.page_size) - len(r.pages)
-
-    def _admit(self, r: Req) -> None:
+    def _admit(self, r: Req, m) -> None:
         self.waiting.remove(r)
+        self.mem.admit(r, m)
+        if r.cached_tokens < 0:  # first admission: count the hit
+            r.cached_tokens = r.kv_len
+            self.counters["prompt_tokens"] += r.prompt_len
+            self.counters["cached_prompt_tokens"] += r.kv_len
         r.slot = self.free_slots.pop()
         r.slot_initialized = False
         self.admissions += 1
@@ -154,8 +183,7 @@ class Scheduler:
 
     def _entry(self, r: Req, n: int) -> BatchEntry:
         start = r.kv_len
-        new_pages = self.allocator.alloc(self._pages_needed(r, n))
-        r.pages += new_pages
+        new_pages = self.mem.grow(r, n)
         sample = start + n == r.seq_len and r.sampling.max_new_tokens > 0
         init = None
         if not r.slot_initialized:
@@ -163,7 +191,6 @@ class Scheduler:
             init = SlotInit(r.sampling, self.stop.stop_ids(r), penalty_ids, list(r.output_ids))
         self.inflight.append((r, n))
         return BatchEntry(r.slot, r.tokens(start, start + n), start, new_pages, sample, init, self._logprob_spec(r, start, n))
-
     @staticmethod
     def _logprob_spec(r: Req, start: int, n: int) -> LogprobSpec | None:
         if not r.return_logprob:
@@ -190,7 +217,7 @@ class Scheduler:
                 r.input_logprobs += lp.prompt
                 r.input_top += lp.prompt_top
             sampled = r.kv_len == r.seq_len and r.sampling.max_new_tokens > 0
-            out = ReqOutput(r.rid, [], prompt_tokens=r.prompt_len, cached_tokens=r.cached_tokens)
+            out = ReqOutput(r.rid, [], prompt_tokens=r.prompt_len, cached_tokens=max(r.cached_tokens, 0))
             self._attach_prompt_logprobs(r, out)
             if sampled:
                 r.output_ids.append(next(ids))
@@ -204,6 +231,8 @@ class Scheduler:
                 self.outbox.append(out)
             if r.finish is not None:
                 self._release(r)
+            elif n > 1:
+                self.mem.cache_progress(r)  # a prefill chunk: share its full pages now
         self.inflight = []
 
     def _attach_prompt_logprobs(self, r: Req, out: ReqOutput) -> None:
@@ -225,13 +254,12 @@ class Scheduler:
 
     def _finish(self, r: Req, reason: FinishReason) -> None:
         r.finish = reason
-        self.outbox.append(ReqOutput(r.rid, [], reason, r.prompt_len, r.cached_tokens))
+        self.outbox.append(ReqOutput(r.rid, [], reason, r.prompt_len, max(r.cached_tokens, 0)))
         if r in self.running:
             self._release(r)
 
     def _release(self, r: Req) -> None:
-        self.allocator.free(r.pages)
-        r.pages = []
+        self.mem.release(r)
         self.running.remove(r)
         self.free_slots.append(r.slot)
         self.freed_slots.append(r.slot)
@@ -245,15 +273,21 @@ class Scheduler:
         if not r.prompt_logprobs_sent:
             r.input_logprobs, r.input_top = [], []
         self.waiting.insert(0, r)
-        self.retractions += 1
+        self.counters["retractions"] += 1
         self.budget.on_retract()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
+        cache, alloc = self.mem.cache, self.mem.allocator
+        prompt = self.counters["prompt_tokens"]
         return {
-            "num_pages": self.allocator.num_pages,
-            "free_pages": self.allocator.num_free,
-            "used_pages": sum(len(r.pages) for r in self.running),
+            "num_pages": alloc.num_pages,
+            "free_pages": alloc.num_free,
+            "cached_pages": cache.total_pages,
+            "evictable_pages": cache.evictable_pages,
+            "used_pages": sum(len(r.owned_pages) for r in self.running),
+            "evicted_pages": cache.evicted_pages,
             "running": len(self.running),
             "waiting": len(self.waiting),
-            "retractions": self.retractions,
+            "cache_hit_rate": self.counters["cached_prompt_tokens"] / prompt if prompt else 0.0,
+            **self.counters,
         }

@@ -12,14 +12,14 @@ from radixrt.messages import (
     AbortRequest,
     BatchResult,
     ChildFailed,
+    ControlReply,
+    ControlRequest,
     FrontendMsg,
     ReadyMsg,
     SchedulerReady,
     SchedulerToWorker,
     SchedulerToFrontend,
     Shutdown,
-    StatsReply,
-    StatsRequest,
     TokenBatchOut,
     TokenizedRequest,
     WorkerReady,
@@ -58,8 +58,9 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
                 sched.add_request(msg)
             elif isinstance(msg, AbortRequest):
                 sched.abort(msg.rid)
-            elif isinstance(msg, StatsRequest):
-                outbox.send(StatsReply(msg.query_id, sched.stats()))
+            elif isinstance(msg, ControlRequest):
+                error = sched.flush_cache() if msg.kind == "flush_cache" else None
+                outbox.send(ControlReply(msg.query_id, sched.stats(), error))
             msg = inbox.recv_nowait()
         batch = sched.schedule()
         if batch is not None:

@@ -33,6 +33,7 @@ def resolve_device(name: str) -> torch.device:
 class ModelRunner:
     def __init__(self, args: ServerArgs) -> None:
         self.device = device = resolve_device(args.device)
+        torch.manual_seed(args.random_seed)  # unseeded sampling draws from this
         self.cfg = cfg = ModelConfig.from_dir(args.model_path)
         dtype = DTYPES[cfg.torch_dtype if args.dtype == "auto" else args.dtype]
         self.context_length = args.context_length or cfg.max_position_embeddings

@@ -1,0 +1,247 @@
+"""RadixCache: a radix tree of token sequences whose values are KV page ids.
+
+Every edge is cut at page boundaries, so a node's pages cover exactly its
+tokens. The one exception is a *partial leaf*: the last, incomplete page of
+an inserted sequence, kept as a leaf of fewer than page_size tokens so that a
+later request can copy its slots (copy-on-write) instead of recomputing them.
+
+Ownership: pages inside the tree belong to the tree. A running request pins
+its path with lock(node); eviction frees least-recently-used *unlocked leaves*
+first, kept in a SortedList by last access so nothing scans the tree. A node
+whose subtree is unlocked is evictable; its pages count in evictable_pages.
+
+Namespaces (a request's cache_salt) each get their own root: requests in
+different namespaces never share pages.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from sortedcontainers import SortedList
+
+
+@dataclass(eq=False)
+class Node:
+    key: list[int]  # tokens on the edge into this node
+    pages: list[int]  # ceil(len(key) / page_size) page ids
+    parent: Node | None
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)  # by first page of their key
+    lock_ref: int = 0  # running requests whose locked path passes through here
+    last_access: int = 0
+    id: int = 0
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """pages: the matched full pages, safe to use only while `node` is locked.
+    partial_page/partial_len: the next page's first partial_len tokens also
+    match; copy them (never write to that page) to reuse them."""
+
+    pages: list[int]
+    node: Node
+    partial_page: int | None = None
+    partial_len: int = 0
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    """node: the deepest full-page node of the inserted sequence (lock it to pin it).
+    existing_pages: how many leading pages' tokens the tree already held; the
+    caller's pages there were not taken and stay the caller's (the rest now
+    belong to the tree). released_pages: tree pages the insert made redundant;
+    the caller returns them to the allocator."""
+
+    node: Node
+    existing_pages: int
+    released_pages: list[int]
+
+
+class RadixCache:
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self._ids = itertools.count(1)
+        self._clock = itertools.count(1)
+        self.roots: dict[str | None, Node] = {}
+        self._leaves = SortedList(key=lambda n: (n.last_access, n.id))  # evictable leaves, LRU first
+        self.total_pages = 0
+        self.evictable_pages = 0  # pages of nodes with lock_ref == 0
+        self.evicted_pages = 0  # lifetime counter
+
+    # -- lookup ------------------------------------------------------------------
+
+    def root(self, namespace: str | None = None) -> Node:
+        if namespace not in self.roots:
+            self.roots[namespace] = Node([], [], None, id=next(self._ids))
+        return self.roots[namespace]
+
+    def match_prefix(self, tokens: list[int], namespace: str | None = None, touch: bool = True) -> MatchResult:
+        """The longest cached page-aligned prefix of tokens, plus a partial next page."""
+        node, pos, pages = self.root(namespace), 0, []
+        now = next(self._clock) if touch else 0
+        while True:
+            child = self._full_child(node, tokens, pos)
+            if child is None:
+                break
+            k = self._equal_pages(child.key, tokens, pos)
+            if k < len(child.pages):
+                child = self._split(child, k)
+            if touch:
+                self._touch(child, now)
+            pages += child.pages
+            node, pos = child, pos + len(child.key)
+        partial_page, partial_len = self._best_partial(node, tokens[pos : pos + self.page_size])
+        return MatchResult(pages, node, partial_page, partial_len)
+
+    def _full_child(self, node: Node, tokens: list[int], pos: int) -> Node | None:
+        ps = self.page_size
+        if pos + ps > len(tokens):
+            return None
+        return node.children.get(tuple(tokens[pos : pos + ps]))
+
+    def _equal_pages(self, key: list[int], tokens: list[int], pos: int) -> int:
+        """How many whole pages of key equal tokens from pos (the first is known to)."""
+        ps, k = self.page_size, 1
+        while (k + 1) * ps <= len(key) and key[k * ps : (k + 1) * ps] == tokens[pos + k * ps : pos + (k + 1) * ps]:
+            k += 1
+        return k
+
+    def _best_partial(self, node: Node, nxt: list[int]) -> tuple[int | None, int]:
+        """The child page sharing the longest prefix with nxt (the query's next, incomplete page)."""
+        best_page, best = None, 0
+        # A whole page cannot match here (match_prefix would have descended), so n < page_size.
+        for child in node.children.values():
+            n = _common_len(child.key, nxt)
+            if n > best:
+                best_page, best = child.pages[0], n
+        return best_page, best
+
+    # -- insertion -------------------------------------------------------------
+
+    def insert(self, tokens: list[int], pages: list[int], namespace: str | None = None) -> InsertResult:
+        """Add tokens (with their pages) to the tree; the tree keeps what it did not have."""
+        ps = self.page_size
+        assert len(pages) == -(-len(tokens) // ps), "pages must cover tokens exactly"
+        node, pos, existing = self.root(namespace), 0, 0
+        now = next(self._clock)
+        while (child := self._full_child(node, tokens, pos)) is not None:
+            k = self._equal_pages(child.key, tokens, pos)
+            if k < len(child.pages):
+                child = self._split(child, k)
+            self._touch(child, now)
+            existing += len(child.pages)
+            node, pos = child, pos + len(child.key)
+        released: list[int] = []
+        aligned = len(tokens) // ps * ps
+        if pos < aligned:
+            released += self._drop_partial_prefixes_of(node, tokens[pos : pos + ps])
+            node = self._add_child(node, tokens[pos:aligned], pages[pos // ps : aligned // ps], now)
+            pos = aligned
+        if pos < len(tokens):
+            tail = tokens[pos:]
+            if any(child.key[: len(tail)] == tail for child in node.children.values()):
+                existing += 1  # the tree already has these tokens in some page
+            else:
+                released += self._drop_partial_prefixes_of(node, tail)
+                self._add_child(node, tail, [pages[-1]], now)
+        return InsertResult(node, existing, released)
+
+    def _drop_partial_prefixes_of(self, node: Node, first_page: list[int]) -> list[int]:
+        """Partial leaves whose tokens a longer child will now cover are redundant."""
+        out = []
+        for child in list(node.children.values()):
+            if len(child.key) < self.page_size and first_page[: len(child.key)] == child.key and child.lock_ref == 0:
+                out += self._remove_leaf(child)
+        return out
+
+    def _add_child(self, parent: Node, key: list[int], pages: list[int], now: int) -> Node:
+        node = Node(key, pages, parent, last_access=now, id=next(self._ids))
+        if parent.is_leaf:
+            self._leaves.discard(parent)
+        parent.children[tuple(key[: self.page_size])] = node
+        self.total_pages += len(pages)
+        self.evictable_pages += len(pages)
+        self._leaves.add(node)
+        return node
+
+    def _split(self, child: Node, k: int) -> Node:
+        """Cut child after k pages; returns the new upper node (which has child below it)."""
+        ps = self.page_size
+        upper = Node(child.key[: k * ps], child.pages[:k], child.parent, lock_ref=child.lock_ref,
+                     last_access=child.last_access, id=next(self._ids))
+        child.parent.children[tuple(child.key[:ps])] = upper
+        child.key, child.pages, child.parent = child.key[k * ps :], child.pages[k:], upper
+        upper.children[tuple(child.key[:ps])] = child
+        return upper
+
+    def _touch(self, node: Node, now: int) -> None:
+        # NOTE: the SortedList finds a node by its (last_access, id): remove before changing it.
+        in_set = node in self._leaves
+        if in_set:
+            self._leaves.remove(node)
+        node.last_access = now
+        if in_set:
+            self._leaves.add(node)
+
+    # -- pinning -----------------------------------------------------------------
+
+    def lock(self, node: Node) -> None:
+        """Pin node and its ancestors: none of them is evicted until unlock(node)."""
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                self.evictable_pages -= len(node.pages)
+                self._leaves.discard(node)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: Node) -> None:
+        while node.parent is not None:
+            assert node.lock_ref > 0, "unlock without lock"
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.evictable_pages += len(node.pages)
+                if node.is_leaf:
+                    self._leaves.add(node)
+            node = node.parent
+
+    # -- eviction ------------------------------------------------------------------
+
+    def evict(self, num_pages: int) -> list[int]:
+        """Free at least num_pages (if that many are evictable), LRU unlocked leaves first."""
+        freed: list[int] = []
+        while len(freed) < num_pages and self._leaves:
+            freed += self._remove_leaf(self._leaves[0])
+        self.evicted_pages += len(freed)
+        return freed
+
+    def _remove_leaf(self, leaf: Node) -> list[int]:
+        parent = leaf.parent
+        assert parent is not None and leaf.is_leaf and leaf.lock_ref == 0
+        self._leaves.discard(leaf)
+        del parent.children[tuple(leaf.key[: self.page_size])]
+        self.total_pages -= len(leaf.pages)
+        self.evictable_pages -= len(leaf.pages)
+        if parent.parent is not None and parent.is_leaf and parent.lock_ref == 0:
+            self._leaves.add(parent)
+        return leaf.pages
+
+    def reset(self) -> list[int]:
+        """Empty the tree; returns every page it held. Refuses while any node is locked."""
+        if self.evictable_pages != self.total_pages:
+            raise RuntimeError("cannot reset the prefix cache while requests hold parts of it")
+        pages = self.evict(self.total_pages)
+        self.roots.clear()
+        return pages
+
+
+def _common_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,138 @@
+"""KVMemory: which KV page belongs to whom, for the scheduler.
+
+Joins the page allocator and the prefix cache. A request's page table starts
+with the pages its prefix matched (held by the cache, pinned by a lock), may
+continue with a private copy of a partially matching page (copy-on-write: the
+worker copies those slots before the step; the shared page is never written),
+and then with pages it allocated. As its prefill progresses its full pages
+move into the cache, so concurrent and later requests hit them; when it
+leaves, everything it computed goes into the cache and it frees only what it
+still owns.
+
+Invariant: allocator free + cache total + every request's owned pages == pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from radixrt.cache import MatchResult, NoPrefixCache, PageAllocator, PrefixCache, RadixCache
+from radixrt.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
+
+
+class KVMemory:
+    def __init__(self, num_pages: int, page_size: int, use_cache: bool = True) -> None:
+        self.page_size = page_size
+        self.allocator = PageAllocator(num_pages)
+        self.cache: PrefixCache = RadixCache(page_size) if use_cache else NoPrefixCache(page_size)
+        self.copy_src: list[int] = []  # slot copies for the next batch (copy-on-write)
+        self.copy_dst: list[int] = []
+
+    @property
+    def available(self) -> int:
+        """Pages that can be had now: free, or freed by evicting unpinned cache leaves."""
+        return self.allocator.num_free + self.cache.evictable_pages
+
+    # -- admission -------------------------------------------------------------------
+
+    def match(self, r: Req) -> MatchResult:
+        """Look up r's reusable prefix and pin it (unpin with unlock_match if r is not admitted)."""
+        m = self.cache.match_prefix(r.tokens(0, r.match_limit), r.cache_salt)
+        self.cache.lock(m.node)
+        return m
+
+    def prefix_len(self, r: Req) -> int:
+        """Tokens of r the cache holds now, without touching LRU order (for the policy)."""
+        m = self.cache.match_prefix(r.tokens(0, r.match_limit), r.cache_salt, touch=False)
+        return len(m.pages) * self.page_size + m.partial_len
+
+    def unlock_match(self, m: MatchResult) -> None:
+        self.cache.unlock(m.node)
+
+    def admission_pages(self, m: MatchResult, n: int) -> int:
+        """New pages r needs to run n tokens past its match."""
+        matched = len(m.pages) * self.page_size + m.partial_len
+        return math.ceil((matched + n) / self.page_size) - len(m.pages)
+
+    def admit(self, r: Req, m: MatchResult) -> None:
+        """Start r's page table from its match; copy a partial page's slots into a page of its own."""
+        r.pages, r.tree_pages, r.pages_sent, r.dup_pages = list(m.pages), len(m.pages), 0, []
+        r.lock_node = m.node
+        r.kv_len = len(m.pages) * self.page_size
+        if m.partial_len:
+            (own,) = self.alloc(1)
+            ps = self.page_size
+            self.copy_src += range(m.partial_page * ps, m.partial_page * ps + m.partial_len)
+            self.copy_dst += range(own * ps, own * ps + m.partial_len)
+            r.pages.append(own)
+            r.kv_len += m.partial_len
+
+    # -- growth ------------------------------------------------------------------------
+
+    def pages_needed(self, r: Req, n: int) -> int:
+        return math.ceil((r.kv_len + n) / self.page_size) - len(r.pages)
+
+    def fit_tokens(self, r: Req, n: int) -> int:
+        """The most of r's next n tokens whose pages can be had now."""
+        capacity = (len(r.pages) + self.available) * self.page_size - r.kv_len
+        return max(0, min(n, capacity))
+
+    def alloc(self, n: int) -> list[int]:
+        """n free pages, evicting least-recently-used cache leaves if needed."""
+        short = n - self.allocator.num_free
+        if short > 0:
+            freed = self.cache.evict(short)
+            logger.debug("evicted %d cached pages", len(freed))
+            self.allocator.free(freed)
+        return self.allocator.alloc(n)
+
+    def grow(self, r: Req, n: int) -> list[int]:
+        """Pages for r's next n tokens; returns the page-table delta the worker has not seen."""
+        r.pages += self.alloc(self.pages_needed(r, n))
+        delta = r.pages[r.pages_sent :]
+        r.pages_sent = len(r.pages)
+        return delta
+
+    def take_copies(self) -> tuple[list[int], list[int]]:
+        out = (self.copy_src, self.copy_dst)
+        self.copy_src, self.copy_dst = [], []
+        return out
+
+    # -- into the cache, and out ---------------------------------------------------------
+
+    def cache_progress(self, r: Req) -> None:
+        """Hand r's full computed pages to the cache (r keeps using them, pinned)."""
+        full = r.kv_len // self.page_size
+        if full > r.tree_pages:
+            self._insert(r, full * self.page_size)
+
+    def release(self, r: Req) -> None:
+        """r leaves (finished, aborted or retracted): cache what it computed, free what it owns."""
+        kept = math.ceil(r.kv_len / self.page_size)
+        extra = r.pages[kept:]  # allocated for a step that never ran
+        r.pages = r.pages[:kept]
+        if r.kv_len > 0:
+            self._insert(r, r.kv_len)
+        self.allocator.free(r.owned_pages + extra)
+        if r.lock_node is not None:
+            self.cache.unlock(r.lock_node)
+        r.pages, r.dup_pages, r.tree_pages, r.pages_sent, r.lock_node = [], [], 0, 0, None
+
+    def _insert(self, r: Req, n_tokens: int) -> None:
+        n_pages = math.ceil(n_tokens / self.page_size)
+        res = self.cache.insert(r.tokens(0, n_tokens), r.pages[:n_pages], r.cache_salt)
+        # Pages the cache already had stay ours (we still read them); the rest are now the cache's.
+        if res.existing_pages > r.tree_pages:
+            r.dup_pages += r.pages[r.tree_pages : res.existing_pages]
+        r.tree_pages = max(r.tree_pages, n_pages)
+        self.allocator.free(res.released_pages)
+        self.cache.lock(res.node)
+        if r.lock_node is not None:
+            self.cache.unlock(r.lock_node)
+        r.lock_node = res.node
+
+    def flush(self) -> None:
+        self.allocator.free(self.cache.reset())

@@ -1,0 +1,72 @@
+"""Start a real `radixrt launch_server` on 127.0.0.1 and a free port; always stop it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_pids(pid: int) -> list[int]:
+    """Processes whose parent is pid (read from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+    return out
+
+
+@contextlib.contextmanager
+def running_server(model_path: Path, *extra: str, timeout: float = 120) -> Iterator[tuple[str, subprocess.Popen]]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "radixrt.launch_server", "--model-path", str(model_path),
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT / "tests", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{proc.stdout.read()}")
+            with contextlib.suppress(requests.ConnectionError, requests.Timeout):
+                if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            time.sleep(0.2)
+        else:
+            raise TimeoutError("server did not become healthy")
+        yield url, proc
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 15) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            for pid in child_pids(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait()
+    return proc.returncode

@@ -1,0 +1,173 @@
+"""RadixCache against a naive model, with hypothesis.
+
+The model is a dict from every cached page-aligned prefix (a tuple of tokens)
+to its page id. Over random sequences of insert / match / lock / unlock / evict
+(page sizes 1, 2 and 4, inserts of any length, so partial last pages occur):
+match returns the model's longest prefix and its pages, a locked node is never
+evicted, only leaves go (the model stays prefix-closed), eviction takes the
+least recently used unlocked leaf first, and the tree's page counts equal a
+brute-force count of its nodes.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from radixrt.cache import RadixCache
+
+TOKENS = st.lists(st.integers(0, 2), min_size=0, max_size=14)
+
+
+def nodes(cache: RadixCache):
+    stack = list(cache.roots.values())
+    while stack:
+        n = stack.pop()
+        if n.parent is not None:
+            yield n
+        stack += n.children.values()
+
+
+class RadixMachine(RuleBasedStateMachine):
+    @initialize(page_size=st.sampled_from([1, 2, 4]))
+    def setup(self, page_size):
+        self.ps = page_size
+        self.cache = RadixCache(page_size)
+        self.model: dict[tuple[int, ...], int] = {}  # full-page prefix -> page
+        self.ids = itertools.count()
+        self.locks: list = []  # (node, full-page prefixes it pins)
+
+    def prefixes(self, tokens, n_pages):
+        return [tuple(tokens[: (i + 1) * self.ps]) for i in range(n_pages)]
+
+    def model_match(self, tokens) -> int:
+        n = 0
+        while (n + 1) * self.ps <= len(tokens) and tuple(tokens[: (n + 1) * self.ps]) in self.model:
+            n += 1
+        return n
+
+    @rule(tokens=TOKENS)
+    def insert(self, tokens):
+        pages = [next(self.ids) for _ in range(-(-len(tokens) // self.ps))]
+        had = self.model_match(tokens)
+        res = self.cache.insert(tokens, pages)
+        full = len(tokens) // self.ps
+        assert res.existing_pages >= had
+        assert res.existing_pages in (had, had + 1) and (res.existing_pages == had or res.existing_pages == full + 1 == len(pages))
+        for i, prefix in enumerate(self.prefixes(tokens, full)):
+            if i >= had:
+                self.model[prefix] = pages[i]
+
+    @rule(tokens=TOKENS)
+    def match(self, tokens):
+        m = self.cache.match_prefix(tokens)
+        n = self.model_match(tokens)
+        assert len(m.pages) == n
+        assert m.pages == [self.model[p] for p in self.prefixes(tokens, n)]
+        assert m.partial_len < self.ps
+
+    @rule(tokens=TOKENS)
+    def lock(self, tokens):
+        m = self.cache.match_prefix(tokens)
+        self.cache.lock(m.node)
+        self.locks.append((m.node, set(self.prefixes(tokens, len(m.pages)))))
+
+    @precondition(lambda self: self.locks)
+    @rule(i=st.integers(0, 100))
+    def unlock(self, i):
+        node, _ = self.locks.pop(i % len(self.locks))
+        self.cache.unlock(node)
+
+    @rule(n=st.integers(1, 6))
+    def evict(self, n):
+        leaves = sorted((x for x in nodes(self.cache) if x.is_leaf and x.lock_ref == 0), key=lambda x: (x.last_access, x.id))
+        freed = self.cache.evict(n)
+        if leaves:
+            assert freed[: len(leaves[0].pages)] == leaves[0].pages, "not the least recently used unlocked leaf"
+        assert len(freed) >= min(n, 1 if leaves else 0)
+        locked = {p for _, prefixes in self.locks for p in prefixes}
+        gone = set(freed)
+        for prefix, page in list(self.model.items()):
+            if page in gone:
+                assert prefix not in locked, "a locked page was evicted"
+                del self.model[prefix]
+        for prefix in self.model:  # only leaves went: every cached prefix still has its parent
+            assert len(prefix) == self.ps or prefix[: -self.ps] in self.model
+
+    @invariant()
+    def bookkeeping(self):
+        if not hasattr(self, "cache"):
+            return
+        all_nodes = list(nodes(self.cache))
+        pages = [p for x in all_nodes for p in x.pages]
+        assert len(pages) == len(set(pages)) == self.cache.total_pages
+        assert self.cache.evictable_pages == sum(len(x.pages) for x in all_nodes if x.lock_ref == 0)
+        assert set(self.model.values()) <= set(pages)
+        for x in all_nodes:
+            assert len(x.key) % self.ps == 0 or (x.is_leaf and len(x.key) < self.ps), "only a leaf may be a partial page"
+            pins = sum(1 for node, _ in self.locks if _on_path(x, node))
+            assert x.lock_ref == pins
+        leaves = {x.id for x in all_nodes if x.is_leaf and x.lock_ref == 0}
+        assert {x.id for x in self.cache._leaves} == leaves
+
+
+def _on_path(x, node) -> bool:
+    while node is not None:
+        if node is x:
+            return True
+        node = node.parent
+    return False
+
+
+RadixMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestRadixCache = RadixMachine.TestCase
+
+
+def test_partial_page_match_and_copy_source():
+    c = RadixCache(4)
+    c.insert([1, 2, 3, 4, 5, 6], [10, 11])  # one full page and a partial leaf [5, 6]
+    m = c.match_prefix([1, 2, 3, 4, 5, 6, 7])
+    assert m.pages == [10] and (m.partial_page, m.partial_len) == (11, 2)
+    m = c.match_prefix([1, 2, 3, 4, 5, 9])
+    assert (m.partial_page, m.partial_len) == (11, 1)
+    # A longer sequence over the same page supersedes the partial leaf and releases its page.
+    res = c.insert([1, 2, 3, 4, 5, 6, 7, 8], [20, 21])
+    assert res.existing_pages == 1 and res.released_pages == [11]
+    assert c.match_prefix([1, 2, 3, 4, 5, 6, 7, 8, 0]).pages == [10, 21]
+    # A partial insert already covered by a full page is not taken.
+    assert c.insert([1, 2, 3, 4, 5, 6], [30, 31]).existing_pages == 2
+
+
+def test_split_on_partial_edge_match_keeps_locks_and_counts():
+    c = RadixCache(2)
+    c.insert([1, 2, 3, 4, 5, 6], [1, 2, 3])
+    m = c.match_prefix([1, 2, 3, 4, 9, 9])
+    assert m.pages == [1, 2]
+    c.lock(m.node)
+    assert c.evict(10) == [3]  # only the unlocked tail below the split goes
+    assert c.total_pages == 2 and c.evictable_pages == 0
+    c.unlock(m.node)
+    assert sorted(c.evict(10)) == [1, 2]
+
+
+def test_namespaces_are_separate_trees():
+    c = RadixCache(1)
+    c.insert([1, 2, 3], [7, 8, 9], namespace="a")
+    assert c.match_prefix([1, 2, 3], namespace="b").pages == []
+    assert c.match_prefix([1, 2, 3], namespace="a").pages == [7, 8, 9]
+
+
+def test_reset_refuses_while_locked():
+    c = RadixCache(1)
+    c.insert([1, 2], [5, 6])
+    m = c.match_prefix([1, 2])
+    c.lock(m.node)
+    try:
+        c.reset()
+        raise AssertionError("reset should refuse")
+    except RuntimeError as e:
+        assert "hold" in str(e)
+    c.unlock(m.node)
+    assert sorted(c.reset()) == [5, 6] and c.total_pages == 0

@@ -1,0 +1,238 @@
+"""The HTTP server through real processes on 127.0.0.1: SGLang's native API (and its own
+client), the OpenAI API (and the official client), metrics, bad input, disconnects,
+API keys, and clean stops when signalled or when a child dies."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import time
+
+import pytest
+import radixrt
+import requests
+from helpers import corpus_prompts, process_alive
+from server_proc import child_pids, running_server
+
+ARGS = ("--page-size", "16", "--max-total-tokens", "16384")
+GREEDY = {"max_new_tokens": 12, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def server(llama_path):
+    with running_server(llama_path, *ARGS) as (url, proc):
+        yield url
+
+
+def post(url: str, path: str, body, **kw) -> requests.Response:
+    return requests.post(url + path, data=body if isinstance(body, str) else json.dumps(body), timeout=60, **kw)
+
+
+def stream_events(resp: requests.Response) -> list:
+    events = []
+    for line in resp.iter_lines():
+        if line.startswith(b"data: "):
+            payload = line[6:]
+            events.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
+    return events
+
+
+def assert_idle_pool(url: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = requests.get(url + "/get_server_info", timeout=10).json()
+        if info["running"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert info["running"] == 0 and info["waiting"] == 0, info
+    assert info["free_pages"] + info["cached_pages"] == info["num_pages"], info
+
+
+def test_greedy_outputs_equal_the_engine(server, llama_path):
+    prompts = corpus_prompts(llama_path, [7, 40, 130, 300], seed=11)
+    res = post(server, "/generate", {"input_ids": prompts, "sampling_params": GREEDY}).json()
+    with radixrt.Engine(model_path=str(llama_path), page_size=16, max_total_tokens=16384) as engine:
+        want = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [r["output_ids"] for r in res] == [w["output_ids"] for w in want]
+    assert [r["text"] for r in res] == [w["text"] for w in want]
+
+
+def test_64_concurrent_streams_join_into_the_non_stream_text(server, llama_path):
+    prompts = corpus_prompts(llama_path, [10 + 3 * i for i in range(64)], seed=12)
+
+    def one(ids):
+        full = post(server, "/generate", {"input_ids": ids, "sampling_params": GREEDY}).json()
+        with post(server, "/generate", {"input_ids": ids, "sampling_params": GREEDY, "stream": True}, stream=True) as r:
+            events = stream_events(r)
+        return full, events
+
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(one, prompts))
+    for full, events in results:
+        assert events[-1] == "[DONE]"
+        texts = [e["text"] for e in events[:-1]]
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:])), "stream text is cumulative"
+        assert texts[-1] == full["text"] and events[-2]["output_ids"] == full["output_ids"]
+        assert events[-2]["meta_info"]["finish_reason"] is not None
+    assert_idle_pool(server)
+
+
+BAD = [
+    ("/generate", "{not json", "malformed JSON"),
+    ("/generate", {"text": 123}, "string"),
+    ("/generate", {"text": "hi", "sampling_params": "hot"}, "object"),
+    ("/generate", {"text": "hi", "stream": "yes"}, "stream"),
+    ("/generate", {"text": ""}, "empty"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    ("/generate", {"input_ids": [1] * 5000}, "context length"),
+    ("/generate", {"text": "hi", "sampling_params": {"regex": "[a-z]+"}}, "regex"),
+    ("/generate", {"text": "hi", "image_data": "x.png"}, "image_data"),
+    ("/generate", {"text": "hi", "bogus": 1}, "bogus"),
+    ("/v1/completions", {"model": "no-such-model", "prompt": "hi"}, "does not exist"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, "max_new_tokens"),
+    ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": -2}, "temperature"),
+]
+
+
+@pytest.mark.parametrize("path,body,words", BAD, ids=[w for _, _, w in BAD])
+def test_bad_input_gets_a_4xx_naming_the_problem_and_the_server_serves_on(server, path, body, words):
+    r = post(server, path, body)
+    assert 400 <= r.status_code < 500, r.text
+    err = r.json()["error"]
+    assert words in err["message"] and set(err) >= {"message", "type", "param", "code"}
+    ok = post(server, "/generate", {"text": "still here", "sampling_params": {"max_new_tokens": 2}})
+    assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 2
+
+
+def test_native_details_the_sglang_client_relies_on(server):
+    info = requests.get(server + "/get_model_info", timeout=10).json()
+    assert info["model_path"].endswith("llama-tiny")
+    r = post(server, "/generate", {"text": "The river", "sampling_params": {"max_new_tokens": 0}}).json()
+    assert r["text"] == "" and r["meta_info"]["prompt_tokens"] == 2
+    r = post(server, "/generate", {"text": "The river runs", "sampling_params": {"max_new_tokens": 2, "stop": [], "temperature": None},
+                                   "return_logprob": True, "return_text_in_logprobs": True}).json()
+    inp = r["meta_info"]["input_token_logprobs"]
+    assert len(inp) == 1 and isinstance(inp[0][0], float) and isinstance(inp[0][2], str)
+    r = post(server, "/generate", {"text": "The river runs", "sampling_params": {"max_new_tokens": 1}, "return_logprob": True,
+                                   "logprob_start_len": 0, "top_logprobs_num": 2}).json()
+    inp = r["meta_info"]["input_token_logprobs"]
+    assert inp[0][0] is None and inp[0][2] is None and len(inp) == r["meta_info"]["prompt_tokens"]
+    assert len(r["meta_info"]["output_top_logprobs"][0]) == 2
+    batch = post(server, "/generate", {"text": ["one", "two", "three"], "sampling_params": {"max_new_tokens": 1}}).json()
+    assert isinstance(batch, list) and len(batch) == 3
+    assert requests.get(server + "/health_generate", timeout=30).status_code == 200
+
+
+def test_sglang_frontend_programs_run_against_the_server(server):
+    import sglang as sgl  # installed by scripts/setup_env.sh
+
+    @sgl.function
+    def qa(s, q):
+        s += "Question: " + q + "\nAnswer:" + sgl.gen("answer", max_tokens=8, temperature=0, stop="\n\n")
+        s += "\nPick: " + sgl.select("pick", choices=["river", "train", "bread"])
+
+    @sgl.function
+    def tree(s):
+        s += "The trunk of the story goes on and on. "
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += f"Branch {i}:" + sgl.gen("b", max_tokens=6, temperature=0)
+        forks.join()
+
+    backend = sgl.RuntimeEndpoint(server)
+    state = qa.run(q="What is a river?", backend=backend)
+    assert state["pick"] in ("river", "train", "bread")
+    meta = state.get_meta_info("answer")
+    assert meta["completion_tokens"] <= 8 and "\n\n" not in state["answer"]
+    states = qa.run_batch([{"q": "a"}, {"q": "b"}, {"q": "c"}], backend=backend)
+    assert len(states) == 3 and all(s["pick"] in ("river", "train", "bread") for s in states)
+    forked = tree.run(backend=backend)
+    assert len(forked["b"]) == 3
+    streamed = qa.run(q="What is a river?", stream=True, backend=backend)
+    assert "".join(streamed.text_iter()) == state.text()
+
+
+def test_openai_client(server):
+    import openai
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    prompt = "The library opened early because"
+    c = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0, n=2, logprobs=2)
+    assert len(c.choices) == 2 and c.choices[0].text == c.choices[1].text
+    assert len(c.choices[0].logprobs.token_logprobs) == 8 and c.choices[0].finish_reason == "length"
+    again = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    stopped = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0, stop=[c.choices[0].text[3:5]])
+    assert stopped.choices[0].finish_reason == "stop" and c.choices[0].text[3:5] not in stopped.choices[0].text
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about trains."}]
+    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=10, temperature=0)
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 10
+    parts = [ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+        model=model, messages=messages, max_tokens=10, temperature=0, stream=True) if ch.choices]
+    assert "".join(parts) == chat.choices[0].message.content
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x")
+
+
+def test_a_client_that_disconnects_mid_stream_gives_its_pages_back(server):
+    body = {"text": "Once upon a time", "stream": True, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    with post(server, "/generate", body, stream=True) as r:
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+    assert_idle_pool(server)
+
+
+def test_metrics_flush_and_abort(server):
+    post(server, "/generate", {"text": "count me", "sampling_params": {"max_new_tokens": 3}})
+    text = requests.get(server + "/metrics", timeout=10).text
+    for name in ("radixrt:time_to_first_token_seconds_count", "radixrt:inter_token_latency_seconds_count",
+                 "radixrt:e2e_request_latency_seconds_count", "radixrt:prompt_tokens_total", "radixrt:generation_tokens_total",
+                 "radixrt:cached_tokens_total", "radixrt:cache_hit_rate", "radixrt:num_running_reqs",
+                 "radixrt:num_queue_reqs", "radixrt:token_usage", "radixrt:evicted_pages_total", "radixrt:retractions_total"):
+        assert name in text, name
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert float(samples["radixrt:generation_tokens_total"]) > 0 and float(samples["radixrt:prompt_tokens_total"]) > 0
+    assert post(server, "/flush_cache", {}).status_code == 200
+    assert requests.get(server + "/get_server_info", timeout=10).json()["cached_pages"] == 0
+    body = {"text": "abort me", "rid": "to-abort", "stream": True, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    with post(server, "/generate", body, stream=True) as r:
+        lines = r.iter_lines()
+        next(lines)
+        assert post(server, "/abort_request", {"rid": "to-abort"}).status_code == 200
+        events = [json.loads(l[6:]) for l in lines if l.startswith(b"data: {")]
+    assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert_idle_pool(server)
+
+
+def test_api_key_and_sigterm_stops_every_process(llama_path):
+    with running_server(llama_path, *ARGS, "--api-key", "sekrit") as (url, proc):
+        assert requests.get(url + "/health", timeout=10).status_code == 200
+        r = post(url, "/generate", {"text": "hi"})
+        assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+        assert requests.get(url + "/v1/models", timeout=10, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = post(url, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}}, headers={"Authorization": "Bearer sekrit"})
+        assert ok.status_code == 200
+        children = child_pids(proc.pid)
+        assert len(children) >= 2
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        assert time.monotonic() - start < 10
+        assert not any(process_alive(p) for p in children)
+
+
+def test_a_dead_child_brings_the_server_down_with_a_clear_message(llama_path):
+    with running_server(llama_path, *ARGS) as (url, proc):
+        children = child_pids(proc.pid)
+        victim = max(children)  # the scheduler starts last
+        os.kill(victim, signal.SIGKILL)
+        start = time.monotonic()
+        code = proc.wait(15)
+        assert code != 0 and time.monotonic() - start < 15
+        log = proc.stdout.read()
+        assert "died" in log and "exited with code" in log
+        assert not any(process_alive(p) for p in children)
