@@ -8,7 +8,7 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -29,3 +29,13 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2))
     return path
+
+
+def save_model_result(name: str, model: str, result: dict[str, Any], plot: Callable[[dict, Path], None]) -> None:
+    """Merge one model's result into bench/results/NAME.json (keeping the other models') and redraw NAME.png."""
+    path = RESULTS / f"{name}.json"
+    models = json.loads(path.read_text()).get("models", {}) if path.exists() else {}
+    models[model] = result
+    print("\nwrote", write_result(name, {"models": models}))
+    plot(models, RESULTS / f"{name}.png")
+    print("wrote", RESULTS / f"{name}.png")

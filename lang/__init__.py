@@ -1,2 +1,34 @@
-"""radixrt.lang: the frontend DSL (gen, select, fork, ...). Built in a later step; it
-will talk to the runtime only over HTTP or through `radixrt.Engine`, and never imports torch."""
+"""radixrt.lang: the frontend DSL, SGLang's semantics in a small design.
+
+    import radixrt as rt
+
+    @rt.function
+    def qa(s, question):
+        s += rt.user(question)
+        s += rt.assistant(rt.gen("answer", max_tokens=64))
+
+    rt.set_default_backend(rt.RuntimeEndpoint("http://127.0.0.1:30000"))
+    print(qa.run(question="Why is the sky blue?")["answer"])
+
+Modules: ir (expressions), primitives (gen/select/roles), executor (a state's
+thread), state / fork (the `s` object and its branches), function (run,
+run_batch), backend/ (RuntimeEndpoint over HTTP, Runtime = local server),
+chat_template, scoring (select). It talks to the runtime over HTTP only and
+never imports torch.
+"""
+
+from __future__ import annotations
+
+from .backend import Runtime, RuntimeEndpoint, set_default_backend
+from .chat_template import ChatTemplate
+from .errors import ProgramError, RuntimeEndpointError
+from .fork import ProgramStateGroup
+from .function import Function, function
+from .primitives import assistant, gen, select, system, user
+from .state import ProgramState
+
+__all__ = [
+    "function", "gen", "select", "system", "user", "assistant",
+    "RuntimeEndpoint", "Runtime", "set_default_backend",
+    "RuntimeEndpointError", "ProgramError", "ProgramState", "ProgramStateGroup", "Function", "ChatTemplate",
+]

@@ -1,14 +1,21 @@
 """radixrt: an LLM serving runtime with a global radix prefix cache.
 
-`import radixrt` stays light (no torch): the Engine is imported on first use,
-so a machine that only runs DSL clients never loads the runtime.
+`import radixrt` stays light (no torch): the Engine and the DSL are imported on
+first use, so a machine that only runs DSL clients never loads the runtime.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Engine", "ServerArgs"]
+# The frontend DSL (package radixrt.lang, folder lang/): re-exported here so programs
+# read `import radixrt as rt; rt.gen(...)`.
+LANG_EXPORTS = (
+    "function", "gen", "select", "system", "user", "assistant",
+    "RuntimeEndpoint", "Runtime", "set_default_backend", "RuntimeEndpointError",
+)
+
+__all__ = ["Engine", "ServerArgs", *LANG_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +27,10 @@ def __getattr__(name: str) -> Any:
         from radixrt.config import ServerArgs
 
         return ServerArgs
+    if name in LANG_EXPORTS:
+        # The one place the runtime package refers to the DSL: this facade, lazily
+        # (tests/test_layering.py allows exactly this file).
+        import radixrt.lang
+
+        return getattr(radixrt.lang, name)
     raise AttributeError(f"module 'radixrt' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make .venv when missing and install the project with its dev extras.
+# Make .venv when missing and install the project with the runtime ([srt]) and dev extras.
 # Machines without a GPU get the CPU build torch==2.13.0; machines with one, a CUDA build.
 # Re-running is cheap: it skips pip when nothing it installs from has changed.
 set -euo pipefail
@@ -17,7 +17,7 @@ stamp=.venv/.radixrt-installed
 want="$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1) $torch_req"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check "$torch_req"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[srt,dev]"
   # SGLang's frontend, for the compatibility tests only: without its runtime dependencies
   # (those would pull a second torch and CUDA); its frontend's own imports come with [dev].
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "sglang==0.5.9"

@@ -12,7 +12,7 @@ import logging
 import queue
 import threading
 import uuid
-from typing import Any, Callable
+from typing import Callable
 
 import zmq
 

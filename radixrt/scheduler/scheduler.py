@@ -13,7 +13,6 @@ computed goes into the cache) and recomputed later, so nothing fails.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from radixrt.config import ServerArgs

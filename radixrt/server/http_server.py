@@ -21,7 +21,6 @@ from fastapi.responses import Response, StreamingResponse
 
 from radixrt.config import ServerArgs
 from radixrt.frontend.generate_input import GenerateInput
-from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import BackendDied, TokenizerManager
 from radixrt.server.metrics import ServerMetrics
 

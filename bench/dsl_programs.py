@@ -1,0 +1,387 @@
+"""Frontend programs against our server: radix cache on vs off, radixrt.lang vs SGLang's own frontend.
+
+Two programs, each written twice:
+
+  tree_of_thought  examples/tree_of_thought.py (fork into 3 branches, a sampled thought and a
+                   yes/no select per branch, then a greedy conclusion), over a list of questions
+                   with run_batch
+  rag              examples/rag_pipeline.py's `answer` (two retrieved documents in the prompt, a
+                   48-token greedy answer), over the example's questions plus more about the
+                   same twelve documents, with run_batch
+
+The radixrt.lang versions are the examples' own @rt.function programs, imported; the SGLang
+versions below are line-for-line ports (same text, same max_tokens, stop and temperature) with
+`import sglang as sgl`. Our server speaks SGLang's native API, so SGLang's frontend runs against
+it unchanged.
+
+Configurations, all in one run: a server with the radix cache on, then a fresh one with
+--disable-radix-cache; on each, both programs with both frontends. Each frontend's run_batch gets
+the same thread count. Before the measured runs each program runs on two items per frontend
+(warm-up); the cache is flushed before every measured run, so each run starts cold. Each
+configuration is measured --repeats times (3), the rounds interleaved, and the run of median wall
+time is kept.
+
+The frontends do not send exactly the same requests: SGLang's run_batch first traces the program
+and sends its constant prefix (the system turn) as one prefill-only request, so its prompt-token
+count is a little higher; and its select averages log-probs from before the choice's boundary (its
+token healing), ours over the choice's own tokens (lang/scoring.py), so verdicts may differ even
+after equal thoughts.
+
+Per run: wall time, programs/s, generated tokens/s (the server's generation_tokens counter from
+/metrics, so both frontends are counted the same way), the prompt tokens the server received,
+and the hit rate (cached / prompt tokens, from /get_server_info's counters before and after).
+The ratios printed: cache on / off per frontend, and radixrt.lang / SGLang's frontend on the
+same server. Agreement: the rag answers are greedy, so every run's full program text is compared
+with radixrt.lang's on the cache-on server; tree_of_thought's thoughts are sampled (temperature
+0.8, as in the example) and neither frontend passes a seed, so there only the prompt up to the
+fork is compared.
+
+NOTE: the client shares the 2-vCPU dev box with the server (and with other jobs); compare the
+ratios within one run rather than absolute figures across runs.
+
+    .venv/bin/python bench/dsl_programs.py [--quick] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import requests
+import sglang as sgl
+from common import RESULTS, ROOT, ensure_model, write_result
+
+import radixrt as rt
+
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "examples"))
+from rag_pipeline import QUESTIONS as EXAMPLE_QUESTIONS  # noqa: E402
+from rag_pipeline import answer, load_docs, retrieve  # noqa: E402
+from server_proc import running_server  # noqa: E402
+from tree_of_thought import tree_of_thought  # noqa: E402
+
+FRONTENDS = ("radixrt.lang", "sglang")
+FORK_MARK = "Let me try several approaches.\n"  # the text tree_of_thought forks after
+SERVER_ARGS = ("--dtype", "float32", "--page-size", "16", "--max-total-tokens", "65536")
+
+# -- the SGLang-frontend ports ------------------------------------------------------------------
+
+
+@sgl.function
+def sgl_tree_of_thought(s, question: str, branches: int = 3) -> None:
+    s += sgl.system("You reason carefully and try more than one approach.")
+    s += sgl.user(question)
+    with s.assistant():
+        s += FORK_MARK
+        forks = s.fork(branches)
+        forks += lambda i: f"Approach {i + 1}: "
+        forks += sgl.gen("thought", max_tokens=32, stop="\n", temperature=0.8)
+        forks += "\nIs this approach sound? " + sgl.select("verdict", ["yes", "no"])
+        forks.join()  # s["thought"], s["verdict"]: one entry per branch
+        # (the example also records forks.prefix_meta, a radixrt.lang extra with no SGLang equivalent)
+        for i, (thought, verdict) in enumerate(zip(s["thought"], s["verdict"])):
+            s += f"Approach {i + 1} ({verdict}): {thought.strip()}\n"
+        s += "Conclusion:" + sgl.gen("conclusion", max_tokens=32, stop="\n", temperature=0)
+
+
+@sgl.function
+def sgl_answer(s, question: str, documents: list[str]) -> None:
+    s += sgl.system("Answer the question using only the documents. Be brief.")
+    with s.user():
+        for doc in documents:
+            s += f"Document:\n{doc}\n\n"
+        s += f"Question: {question}"
+    s += sgl.assistant(sgl.gen("answer", max_tokens=48, temperature=0))
+
+
+def backend_for(frontend: str, url: str) -> Any:
+    if frontend == "radixrt.lang":
+        return rt.RuntimeEndpoint(url)
+    # NOTE: SGLang's frontend picks its chat template from the model path and falls back to
+    # "default" (SYSTEM:/USER: prefixes); radixrt.lang falls back to ChatML, the template the tiny
+    # model's tokenizer was built with. Naming it here makes both frontends send the same prompts.
+    return sgl.RuntimeEndpoint(url, chat_template_name="chatml")
+
+
+# -- workloads ----------------------------------------------------------------------------------
+
+TOT_QUESTIONS = [
+    "How can a small town reduce food waste?",
+    "How can a library attract more teenage readers?",
+    "How should a family plan a week of cheap, healthy dinners?",
+    "How can a school cut its heating bill in winter?",
+    "How could a city make cycling to work safer?",
+    "How can a community garden share water fairly in a drought?",
+    "How should a small bakery decide what to bake each morning?",
+    "How can a museum keep visitors coming back?",
+    "How can a village keep its only shop open?",
+    "How should a hiking club plan a route for walkers of mixed abilities?",
+    "How can a river town prepare for spring floods?",
+    "How can neighbours reduce noise in a shared building?",
+    "How should a choir choose music for a winter concert?",
+    "How can a farm market draw more shoppers on weekdays?",
+    "How can a new teacher learn thirty names in a week?",
+    "How can an old lighthouse be turned into something useful?",
+]
+
+# The example's eight questions, then about four per document, so retrieval spreads over all twelve.
+RAG_QUESTIONS = EXAMPLE_QUESTIONS + [
+    "Why does a worn chain skip when the rider stands on a hill?",
+    "Why is swapping a chain early cheaper than waiting?",
+    "Why does steam help a loaf expand before the crust sets?",
+    "What causes the browning of a bread crust?",
+    "When should the lid come off a covered pot during baking?",
+    "What counts as greens and browns in a compost pile?",
+    "What should I do with a compost pile that stays cold and dry?",
+    "Why should meat and dairy be left out of a home compost pile?",
+    "What jobs do young worker bees do in the hive?",
+    "How many queens and drones live in a honeybee colony?",
+    "What does the angle of the waggle dance tell other bees?",
+    "What did a lighthouse keeper do to keep the lamp burning?",
+    "Where were the children of lighthouse keepers taught?",
+    "Why did the last lighthouse keepers leave their stations?",
+    "How many keepers took turns on night watch at a lighthouse?",
+    "How long do eyes need to adapt to the night sky?",
+    "Why do stargazers read their charts with dim red lights?",
+    "When are the best nights to see the Milky Way?",
+    "What can binoculars show in the night sky?",
+    "What is the pulp for handmade paper made of?",
+    "How does a papermaker use a mould and a vat of pulp?",
+    "Why is a wet sheet of paper pressed between boards while it dries?",
+    "Which fibres were the classic source of paper pulp?",
+    "What is a rain garden and what water does it catch?",
+    "How far from the house should a rain garden sit?",
+    "How can I test whether soil drains well enough for a rain garden?",
+    "Which plants suit a rain garden?",
+    "How is a cable ferry kept from drifting downstream?",
+    "How does a traveller call a cable ferry across the river?",
+    "Why do some rivers still have cable ferries instead of bridges?",
+    "How often should a sourdough starter be fed?",
+    "What is the grey liquid on top of a sourdough starter?",
+    "Where should weekend bakers keep their sourdough starter?",
+    "How do anemones survive in a tide pool when the tide goes out?",
+    "Why do periwinkle snails have a trapdoor?",
+    "Where should visitors step when exploring tide pools?",
+    "When do crabs come out to feed in a tide pool?",
+    "Why does wool take natural dyes well?",
+    "What is a mordant and why do plant dyes need one?",
+    "What colours do onion skins, madder root and indigo give wool?",
+]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One program over a batch of arguments, in both frontends."""
+
+    name: str
+    batch: list[dict[str, Any]]
+    programs: dict[str, Any]  # frontend -> its @function (both have run_batch(batch, backend=, num_threads=))
+    compared: Callable[[Any], str]  # a finished state -> the text the agreement check compares
+    compared_what: str
+
+
+def tot_workload(n: int) -> Workload:
+    return Workload("tree_of_thought", [{"question": q} for q in TOT_QUESTIONS[:n]],
+                    {"radixrt.lang": tree_of_thought, "sglang": sgl_tree_of_thought},
+                    lambda s: s.text().partition(FORK_MARK)[0], "prompt up to the fork")
+
+
+def rag_workload(n: int) -> Workload:
+    docs = load_docs()
+    batch = [{"question": q, "documents": [docs[name] for name in retrieve(q, docs)]} for q in RAG_QUESTIONS[:n]]
+    return Workload("rag", batch, {"radixrt.lang": answer, "sglang": sgl_answer},
+                    lambda s: s.text(), "full text (prompt + greedy answer)")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    tot_questions: int
+    rag_questions: int
+
+
+SIZES = {"full": Sizes(tot_questions=16, rag_questions=48), "quick": Sizes(tot_questions=4, rag_questions=12)}
+
+# -- one measured run ---------------------------------------------------------------------------
+
+
+def server_counters(url: str) -> dict[str, float]:
+    """The server's running totals: prompt and cached prompt tokens, generated tokens."""
+    info = requests.get(f"{url}/get_server_info", timeout=60).json()
+    metrics = requests.get(f"{url}/metrics", timeout=60).text
+    generated = re.search(r"^radixrt:generation_tokens_total (\S+)$", metrics, re.M)
+    if generated is None:
+        raise RuntimeError("the server's /metrics has no radixrt:generation_tokens_total")
+    return {"prompt_tokens": info["prompt_tokens"], "cached_prompt_tokens": info["cached_prompt_tokens"],
+            "generation_tokens": float(generated.group(1))}
+
+
+@dataclass(frozen=True)
+class Run:
+    workload: str
+    frontend: str
+    cache: str  # "on" | "off"
+    programs: int
+    failed: int
+    wall_s: float
+    programs_per_s: float
+    generated_tokens: int
+    generated_tok_s: float
+    prompt_tokens: int
+    hit_rate: float
+    wall_s_repeats: list[float] = field(default_factory=list)  # every repeat's wall time, sorted
+
+
+def measure(url: str, cache: str, w: Workload, frontend: str, threads: int) -> tuple[Run, list[str | None]]:
+    """Flush the cache, run the batch, and read the server's counters around it; also the compared texts."""
+    backend = backend_for(frontend, url)
+    requests.post(f"{url}/flush_cache", timeout=60).raise_for_status()
+    before = server_counters(url)
+    t = time.perf_counter()
+    states = w.programs[frontend].run_batch(w.batch, backend=backend, num_threads=threads)
+    wall = time.perf_counter() - t
+    after = server_counters(url)
+    delta = {k: after[k] - before[k] for k in after}
+    ok = [s.error() is None for s in states]
+    texts = [w.compared(s) if good else None for s, good in zip(states, ok)]
+    run = Run(w.name, frontend, cache, len(states), ok.count(False), wall, sum(ok) / wall,
+              int(delta["generation_tokens"]), delta["generation_tokens"] / wall, int(delta["prompt_tokens"]),
+              delta["cached_prompt_tokens"] / delta["prompt_tokens"] if delta["prompt_tokens"] else 0.0)
+    return run, texts
+
+
+def run_server(path: Path, cache: str, workloads: list[Workload], threads: int,
+               repeats: int) -> list[tuple[Run, list]]:
+    """A fresh server; a warm-up pass of every program, then every (workload, frontend) measured
+    `repeats` times, interleaved so that a slow spell on the shared machine hits all of them; each
+    keeps its run of median wall time (with the wall times of all its repeats)."""
+    extra = () if cache == "on" else ("--disable-radix-cache",)
+    keys = [(w, f) for w in workloads for f in FRONTENDS]
+    with running_server(path, *SERVER_ARGS, *extra) as (url, _):
+        for w, f in keys:
+            w.programs[f].run_batch(w.batch[:2], backend=backend_for(f, url), num_threads=2)
+        rounds = [[measure(url, cache, w, f, threads) for w, f in keys] for _ in range(repeats)]
+    chosen = []
+    for i in range(len(keys)):
+        tries = sorted((r[i] for r in rounds), key=lambda m: m[0].wall_s)
+        run, texts = tries[len(tries) // 2]
+        chosen.append((replace(run, wall_s_repeats=[m[0].wall_s for m in tries]), texts))
+    return chosen
+
+
+# -- reports --------------------------------------------------------------------------------------
+
+
+def print_table(runs: list[Run]) -> None:
+    print(f"\n{'program':16s} {'frontend':13s} {'cache':5s} {'done':>7s} {'wall s':>7s} {'(repeats)':>11s}"
+          f" {'prog/s':>7s} {'gen tok/s':>9s} {'prompt tok':>10s} {'hit rate':>8s}")
+    for r in runs:
+        spread = f"{min(r.wall_s_repeats):.2f}-{max(r.wall_s_repeats):.2f}"
+        print(f"{r.workload:16s} {r.frontend:13s} {r.cache:5s} {r.programs - r.failed:3d}/{r.programs:<3d}"
+              f" {r.wall_s:7.2f} {spread:>11s} {r.programs_per_s:7.2f} {r.generated_tok_s:9.1f} {r.prompt_tokens:10d}"
+              f" {r.hit_rate:8.1%}")
+
+
+def ratios(runs: list[Run]) -> dict[str, float]:
+    """programs/s ratios: cache on / off per frontend, and radixrt.lang / sglang per server."""
+    by = {(r.workload, r.frontend, r.cache): r.programs_per_s for r in runs}
+    out = {}
+    for w in dict.fromkeys(r.workload for r in runs):
+        for f in FRONTENDS:
+            out[f"{w}: {f} cache on / off"] = by[w, f, "on"] / by[w, f, "off"]
+        for c in ("on", "off"):
+            out[f"{w}: radixrt.lang / sglang, cache {c}"] = by[w, "radixrt.lang", c] / by[w, "sglang", c]
+    return out
+
+
+def agreement(workloads: list[Workload], texts: dict[tuple[str, str, str], list]) -> dict[str, Any]:
+    """Per workload and run: how many programs' compared texts equal radixrt.lang's on the cache-on server."""
+    out = {}
+    for w in workloads:
+        ref = texts[w.name, "radixrt.lang", "on"]
+        counts = {}
+        for (name, frontend, cache), got in texts.items():
+            if name == w.name and (frontend, cache) != ("radixrt.lang", "on"):
+                counts[f"{frontend} cache {cache}"] = sum(a is not None and a == b for a, b in zip(ref, got))
+        out[w.name] = {"compared": w.compared_what, "programs": len(w.batch), "same_as_radixrt_lang_cache_on": counts}
+    return out
+
+
+def plot(runs: list[Run], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r.workload for r in runs))
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for i, cache in enumerate(("on", "off")):
+            rows = [next(r for r in runs if (r.workload, r.frontend, r.cache) == (name, f, cache)) for f in FRONTENDS]
+            bars = ax.bar([x + (i - 0.5) * 0.38 for x in range(len(FRONTENDS))], [r.programs_per_s for r in rows],
+                          0.38, label=f"radix cache {cache}")
+            ax.bar_label(bars, [f"{r.programs_per_s:.1f}\nhit {r.hit_rate:.0%}" for r in rows], fontsize=7)
+        ax.set_xticks(range(len(FRONTENDS)), FRONTENDS)
+        ax.set(ylabel="programs/s", title=f"{name}: {rows[0].programs} programs")
+        ax.margins(y=0.2)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def report(runs: list[Run], workloads: list[Workload], texts: dict[tuple[str, str, str], list]) -> dict[str, Any]:
+    """Print the table, the ratios and the agreement counts; return the ratios and counts."""
+    print_table(runs)
+    rat = ratios(runs)
+    print("\nprograms/s ratios:")
+    for k, v in rat.items():
+        print(f"  {k:42s} {v:5.2f}x")
+    agree = agreement(workloads, texts)
+    print("\nagreement with radixrt.lang on the cache-on server:")
+    for name, a in agree.items():
+        counts = ", ".join(f"{k} {v}/{a['programs']}" for k, v in a["same_as_radixrt_lang_cache_on"].items())
+        print(f"  {name} ({a['compared']}): {counts}")
+    return {"ratios": rat, "agreement": agree}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="4 tree-of-thought and 12 rag programs, 1 repeat, for a smoke run (writes no results)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads in the server's processes (OMP_NUM_THREADS)")
+    parser.add_argument("--repeats", type=int,
+                        help="measured runs per configuration, the median kept (default 3, quick 1)")
+    parser.add_argument("--client-threads", type=int, default=64, help="run_batch threads, the same for both frontends")
+    args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the server and its workers
+    sizes = SIZES["quick" if args.quick else "full"]
+    repeats = args.repeats or (1 if args.quick else 3)
+    workloads = [tot_workload(sizes.tot_questions), rag_workload(sizes.rag_questions)]
+    path = ensure_model("llama", "tiny")
+    load_avg = os.getloadavg()[0]
+    print(f"== llama-tiny (float32), {args.threads} torch thread(s), run_batch with {args.client_threads} threads;"
+          f" machine load average {load_avg:.1f} on {os.cpu_count()} CPUs before the run")
+    print(f"tree_of_thought: {sizes.tot_questions} questions x 3 branches; rag: {sizes.rag_questions} questions;"
+          f" {repeats} measured repeat(s) each, median kept; cache flushed before each")
+    start = time.perf_counter()
+    measured = [m for cache in ("on", "off") for m in run_server(path, cache, workloads, args.client_threads, repeats)]
+    runs = [run for run, _ in measured]
+    summary = report(runs, workloads, {(r.workload, r.frontend, r.cache): t for r, t in measured})
+    print(f"\ntotal {time.perf_counter() - start:.0f} s")
+    if args.quick:  # a smoke run: leave the full run's results in place
+        return
+    print("wrote", write_result("dsl_programs", {
+        "model": "llama-tiny", "threads": args.threads, "client_threads": args.client_threads, "repeats": repeats,
+        "load_avg_before": load_avg, "sizes": asdict(sizes), "runs": [asdict(r) for r in runs], **summary}))
+    plot(runs, RESULTS / "dsl_programs.png")
+    print("wrote", RESULTS / "dsl_programs.png")
+
+
+if __name__ == "__main__":
+    main()

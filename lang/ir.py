@@ -1,0 +1,126 @@
+"""The program's expressions: what `s += ...` submits to a state's executor.
+
+Expressions are plain data; the executor (executor.py) gives them meaning.
+`expr + "text"` and `"text" + expr` build an ExprList, so a line like
+`s += "Q: " + rt.gen("q")` is one submission.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+
+class Expr:
+    """Base of every expression; supports concatenation with `+`."""
+
+    def __add__(self, other: Any) -> ExprList:
+        return ExprList((self, to_expr(other)))
+
+    def __radd__(self, other: Any) -> ExprList:
+        return ExprList((to_expr(other), self))
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """Sampling settings of one gen; None means "not set here" (the program default applies)."""
+
+    max_new_tokens: int | None = None
+    stop: tuple[str, ...] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    ignore_eos: bool | None = None
+    return_logprob: bool | None = None
+    regex: str | None = None  # passed through: a server without constrained decoding answers 400
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    @classmethod
+    def build(cls, **values: Any) -> GenParams:
+        stop = values.get("stop")
+        if isinstance(stop, str):
+            values["stop"] = (stop,)
+        elif stop is not None:
+            values["stop"] = tuple(stop)
+        return cls(**values)
+
+    def over(self, defaults: GenParams) -> GenParams:
+        """These settings, with the unset ones taken from `defaults`."""
+        return replace(defaults, **{f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None})
+
+    def with_stop(self, extra: tuple[str, ...]) -> GenParams:
+        stops = tuple(self.stop or ())
+        return replace(self, stop=stops + tuple(s for s in extra if s not in stops))
+
+    def sampling_params(self) -> dict[str, Any]:
+        """The server's `sampling_params` object (unset fields left to the server)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "return_logprob"}
+        if out["stop"] is not None:
+            out["stop"] = list(out["stop"])
+        return {k: v for k, v in out.items() if v is not None}
+
+
+# The program-level default when neither gen nor run sets it (SGLang's run default).
+DEFAULT_PARAMS = GenParams(max_new_tokens=128)
+
+
+@dataclass(frozen=True, eq=False)
+class Text(Expr):
+    value: str
+
+
+@dataclass(frozen=True, eq=False)
+class Gen(Expr):
+    name: str | None
+    params: GenParams = field(default_factory=GenParams)
+
+
+@dataclass(frozen=True, eq=False)
+class Select(Expr):
+    name: str | None
+    choices: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass(frozen=True, eq=False)
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass(frozen=True, eq=False)
+class Role(Expr):
+    """`rt.user(content)`: begin the role, the content, end the role."""
+
+    role: str
+    content: Expr
+
+
+@dataclass(frozen=True, eq=False)
+class ExprList(Expr):
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class CachePrefix(Expr):
+    """Internal (fork): send the text so far as a prefill-only request, so branches find it cached."""
+
+
+def to_expr(value: Any) -> Expr:
+    """A str, an expression, or a list/tuple of those, as one expression."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return Text(value)
+    if isinstance(value, (list, tuple)):
+        return ExprList(tuple(to_expr(v) for v in value))
+    raise TypeError(f"cannot add a {type(value).__name__} to a program (use str or an rt expression)")
