@@ -71,3 +71,59 @@ def test_unknown_backend_is_named():
     cache = PagedKVCache(1, 4, 1, 1, 8, torch.float32, torch.device("cpu"))
     with pytest.raises(ValueError, match="nonesuch"):
         create_attention_backend("nonesuch", cache, 1, 8, 1.0)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decodes_sharing_prefix_pages_attend_in_cascade_exactly(page_size, dtype):
+    """Requests whose page tables start with the same pages (a radix hit) read that prefix once."""
+    from radixrt.kernels.torch_backend import CASCADE_MIN_TOKENS
+
+    torch.manual_seed(1)
+    heads, kv_heads, D, layers, num_pages = 8, 2, 16, 2, 512 // page_size + 64
+    cache = PagedKVCache(layers, num_pages, page_size, kv_heads, D, dtype, torch.device("cpu"))
+    backend = create_attention_backend("torch", cache, heads, D, D**-0.5)
+    shared_len = 96  # whole pages at both page sizes, >= CASCADE_MIN_TOKENS
+    assert shared_len >= CASCADE_MIN_TOKENS
+    free = list(range(num_pages))
+    random.Random(3).shuffle(free)
+    shared_pages = [free.pop() for _ in range(shared_len // page_size)]
+    # kv_len of each decode after this step: the first three share the prefix pages, the
+    # last two have pages of their own; plus one fresh prefill.
+    kv_lens = [shared_len + 1, shared_len + 7, shared_len + 30, 40, 55]
+    tables, seqs = [], []
+    prefix_k = [torch.randn(shared_len, kv_heads, D).to(dtype) for _ in range(layers)]
+    prefix_v = [torch.randn(shared_len, kv_heads, D).to(dtype) for _ in range(layers)]
+    for i, n in enumerate(kv_lens):
+        own_from = shared_len if i < 3 else 0
+        pages = (shared_pages if i < 3 else []) + [free.pop() for _ in range(math.ceil((n - own_from) / page_size))]
+        tables.append(pages)
+    tables.append([free.pop() for _ in range(2)])  # a fresh prefill of 20 tokens
+    max_pages = max(len(t) for t in tables)
+    page_table = torch.tensor([t + [0] * (max_pages - len(t)) for t in tables])
+    slots_of = lambda i, pos: page_table[i, pos // page_size] * page_size + pos % page_size  # noqa: E731
+    for layer in range(layers):  # history before this step; the shared prefix written once
+        cache.write(layer, slots_of(0, torch.arange(shared_len)), prefix_k[layer], prefix_v[layer])
+        hist = []
+        for i, n in enumerate(kv_lens):
+            start = shared_len if i < 3 else 0
+            k, v = torch.randn(n - 1 - start, kv_heads, D).to(dtype), torch.randn(n - 1 - start, kv_heads, D).to(dtype)
+            cache.write(layer, slots_of(i, torch.arange(start, n - 1)), k, v)
+            hist.append((torch.cat([prefix_k[layer], k]) if i < 3 else k, torch.cat([prefix_v[layer], v]) if i < 3 else v))
+        seqs.append(hist)
+    qo_lens = [1] * len(kv_lens) + [20]
+    all_kv = kv_lens + [20]
+    out_slots = torch.cat([slots_of(i, torch.tensor([n - 1])) for i, n in enumerate(kv_lens)] + [slots_of(5, torch.arange(20))])
+    backend.init_forward(AttentionMetadata(qo_lens, all_kv, page_table, out_slots, page_size))
+    assert len(backend.cascades) == 1 and backend.cascades[0].rows.tolist() == [0, 1, 2]
+    T = sum(qo_lens)
+    for layer in range(layers):
+        q = torch.randn(T, heads, D).to(dtype)
+        k, v = torch.randn(T, kv_heads, D).to(dtype), torch.randn(T, kv_heads, D).to(dtype)
+        got = backend.forward(q, k, v, layer)
+        for i in range(len(kv_lens)):
+            hk, hv = seqs[layer][i]
+            want = naive_attention(q[i : i + 1].float(), torch.cat([hk, k[i : i + 1]]).float(),
+                                   torch.cat([hv, v[i : i + 1]]).float(), kv_lens[i] - 1, D**-0.5)
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(got[i : i + 1].float(), want, atol=tol, rtol=tol)
