@@ -42,6 +42,9 @@ class ModelConfig:
         c = json.loads(cfg_file.read_text())
         if c.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {c['hidden_act']!r} is not supported (silu only)")
+        window = c.get("sliding_window")
+        if window and c.get("use_sliding_window", True) and window < c.get("max_position_embeddings", 0):
+            raise ValueError(f"sliding_window attention ({window} tokens) is not supported; this model needs it")
         heads = c["num_attention_heads"]
         rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
         theta = rope.pop("rope_theta", c.get("rope_theta", 10000.0))
