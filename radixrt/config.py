@@ -38,6 +38,8 @@ class ServerArgs:
     schedule_policy: str = _arg("lpm", "admission order: lpm (longest cached prefix first) or fcfs")
     disable_radix_cache: bool = _arg(False, "do not reuse KV across requests (every prompt is computed in full)")
     attention_backend: str | None = _arg(None, "attention kernel: torch (default on CPU)")
+    tp_size: int = _arg(1, "tensor parallel ranks (worker processes; gloo on CPU, NCCL on CUDA)")
+    watchdog_timeout: float = _arg(300.0, "seconds a step may take before the server gives up on a hung worker")
     random_seed: int = _arg(0, "seed of the global sampling RNG")
     log_level: str = _arg("info", "logging level: debug, info, warning, error")
 
@@ -58,6 +60,10 @@ class ServerArgs:
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
         if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
             raise ValueError(f"chunked_prefill_size must be -1 or >= 1, got {self.chunked_prefill_size}")
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if self.watchdog_timeout <= 0:
+            raise ValueError(f"watchdog_timeout must be > 0, got {self.watchdog_timeout}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.schedule_policy not in ("lpm", "fcfs"):

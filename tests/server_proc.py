@@ -35,6 +35,17 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
+def spawned_children(pid: int) -> list[int]:
+    """The server's worker ranks and scheduler, in start order (ranks first), without
+    multiprocessing's resource tracker."""
+    out = []
+    for child in sorted(child_pids(pid)):
+        with contextlib.suppress(OSError):
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(child)
+    return out
+
+
 @contextlib.contextmanager
 def running_server(model_path: Path, *extra: str, timeout: float = 120) -> Iterator[tuple[str, subprocess.Popen]]:
     port = free_port()

@@ -1,13 +1,20 @@
 """The Llama family (Llama, Mistral, Qwen2): one implementation, differences by config.
 
 q/k/v and gate/up projections are fused into one matmul each; `load_weights`
-maps the checkpoint's separate tensors into the fused ones. Attention runs
-through the AttentionBackend, which owns the paged KV cache.
+maps the checkpoint's separate tensors into the fused ones, reading only this
+tensor-parallel rank's slice of each. Attention runs through the
+AttentionBackend, which owns the paged KV cache.
+
+Tensor parallelism (Megatron style): attention heads and the MLP's
+intermediate features are split across ranks (column-parallel in,
+row-parallel out, one all-reduce each); KV heads are split too, or
+replicated when there are fewer KV heads than ranks; the vocabulary is split
+for the embedding and the LM head.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +22,7 @@ from torch import nn
 
 from radixrt.kernels import AttentionBackend
 from radixrt.models.config import ModelConfig
+from radixrt.models.parallel import RowParallelLinear, TPGroup, VocabParallelEmbedding
 from radixrt.models.rope import RotaryEmbedding
 
 
@@ -31,14 +39,27 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def rank_heads(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int, int, int]:
+    """(first q head, q heads, first kv head, kv heads) of this rank; KV heads are
+    replicated when there are fewer of them than ranks."""
+    q_start, q_count = tp.split(cfg.num_heads, "num_attention_heads")
+    if cfg.num_kv_heads >= tp.size:
+        kv_start, kv_count = tp.split(cfg.num_kv_heads, "num_key_value_heads")
+    else:
+        kv_start, kv_count = tp.rank * cfg.num_kv_heads // tp.size, 1
+    return q_start, q_count, kv_start, kv_count
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPGroup) -> None:
         super().__init__()
         self.layer = layer
-        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        _, self.heads, _, self.kv_heads = rank_heads(cfg, tp)
+        self.head_dim = cfg.head_dim
         qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        o_bias = cfg.attention_bias and cfg.model_type != "qwen2"  # Qwen2 biases q/k/v only
+        self.o_proj = RowParallelLinear(self.heads * self.head_dim, cfg.hidden_size, o_bias, tp)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attn: AttentionBackend):
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -52,10 +73,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        _, inter = tp.split(cfg.intermediate_size, "intermediate_size")
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * inter, bias=cfg.mlp_bias)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -63,12 +85,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPGroup) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = Attention(cfg, layer, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x, positions, rope, attn):
         x = x + self.self_attn(self.input_layernorm(x), positions, rope, attn)
@@ -76,7 +98,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    # checkpoint name fragment -> (fused parameter fragment, shard index)
+    # checkpoint name fragment -> (fused parameter fragment, part index)
     FUSED = {
         "q_proj": ("qkv_proj", 0),
         "k_proj": ("qkv_proj", 1),
@@ -84,14 +106,16 @@ class LlamaForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0),
         "up_proj": ("gate_up_proj", 1),
     }
+    ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")  # split along the input features (dim 1)
+    VOCAB_PARALLEL = ("embed_tokens.weight", "lm_head.weight")
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()) -> None:
         super().__init__()
-        self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.cfg, self.tp = cfg, tp
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, self.embed_tokens.weight.shape[0], bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
@@ -104,41 +128,53 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [R, hidden] rows that need logits -> [R, vocab] float32."""
-        return self.lm_head(self.norm(hidden)).float()
+        """hidden: [R, hidden] rows that need logits -> [R, vocab] float32 (gathered across ranks)."""
+        return self.tp.all_gather_last(self.lm_head(self.norm(hidden)).float())
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors in, fusing q/k/v and gate/up; every parameter must be set."""
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Copy checkpoint tensors in, fusing q/k/v and gate/up and reading only this rank's
+        slice of each (`weights` yields (name, tensor or safetensors slice)); every parameter must be set."""
         params = dict(self.named_parameters())
         unset = set(params)
-        for name, tensor in weights:
+        for name, source in weights:
             name = name.removeprefix("model.")
             if "rotary_emb" in name or (name == "lm_head.weight" and self.cfg.tie_word_embeddings):
                 continue
-            target, shard = self._target(name)
+            target, dst_rows, src_index = self._shard_plan(name)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
-            param = params[target]
-            rows = self._shard_rows(target, shard, param.shape[0])
-            param.data[rows].copy_(tensor) if shard is not None else param.data.copy_(tensor)
+            params[target].data[dst_rows].copy_(source[src_index])
             unset.discard(target)
         if self.cfg.tie_word_embeddings:
             unset.discard("lm_head.weight")
         if unset:
             raise ValueError(f"checkpoint lacks tensors for: {sorted(unset)[:5]}")
 
-    def _target(self, name: str) -> tuple[str, int | None]:
-        for part, (fused, shard) in self.FUSED.items():
+    def _shard_plan(self, name: str) -> tuple[str, slice, tuple[slice, ...]]:
+        """(parameter, rows of it to fill, index into the checkpoint tensor) for this rank."""
+        everything = (slice(None),)
+        for part, (fused, index) in self.FUSED.items():
             if f".{part}." in name:
-                return name.replace(part, fused), shard
-        return name, None
+                dst, src = self._fused_rows(fused, index)
+                return name.replace(part, fused), dst, (src,)
+        if name.endswith(self.ROW_PARALLEL):
+            width = self.cfg.num_heads * self.cfg.head_dim if "o_proj" in name else self.cfg.intermediate_size
+            start, count = self.tp.split(width, name)
+            return name, slice(None), (slice(None), slice(start, start + count))
+        if name.endswith(self.VOCAB_PARALLEL):
+            start, count = self.tp.split(self.cfg.vocab_size, "vocab_size")
+            return name, slice(None), (slice(start, start + count),)
+        return name, slice(None), everything
 
-    def _shard_rows(self, target: str, shard: int | None, total: int) -> slice:
-        if shard is None:
-            return slice(None)
-        if "qkv_proj" in target:
-            q, kv = self.cfg.num_heads * self.cfg.head_dim, self.cfg.num_kv_heads * self.cfg.head_dim
-            starts, sizes = [0, q, q + kv], [q, kv, kv]
-            return slice(starts[shard], starts[shard] + sizes[shard])
-        half = total // 2
-        return slice(shard * half, (shard + 1) * half)
+    def _fused_rows(self, fused: str, index: int) -> tuple[slice, slice]:
+        """Rows of the fused parameter, and of the checkpoint tensor, for part `index` on this rank."""
+        if fused == "qkv_proj":
+            d = self.cfg.head_dim
+            q0, qn, kv0, kvn = rank_heads(self.cfg, self.tp)
+            starts, counts = [q0 * d, kv0 * d, kv0 * d], [qn * d, kvn * d, kvn * d]
+            offsets = [0, qn * d, (qn + kvn) * d]
+        else:
+            start, count = self.tp.split(self.cfg.intermediate_size, "intermediate_size")
+            starts, counts, offsets = [start, start], [count, count], [0, count]
+        dst = slice(offsets[index], offsets[index] + counts[index])
+        return dst, slice(starts[index], starts[index] + counts[index])

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from safetensors import safe_open
 
 from radixrt.models.config import ModelConfig
 from radixrt.models.llama import LlamaForCausalLM
+from radixrt.models.parallel import TPGroup
 
 MODEL_FAMILIES: dict[str, type[torch.nn.Module]] = {
     "llama": LlamaForCausalLM,
@@ -19,18 +20,21 @@ MODEL_FAMILIES: dict[str, type[torch.nn.Module]] = {
 }
 
 
-def load_model(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-    """Build the model for cfg.model_type and fill it from the checkpoint's safetensors."""
+def load_model(
+    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup = TPGroup()
+) -> torch.nn.Module:
+    """Build the model for cfg.model_type (this rank's shard) and fill it from the checkpoint."""
     if cfg.model_type not in MODEL_FAMILIES:
         raise ValueError(f"model_type {cfg.model_type!r} is not supported; known: {sorted(MODEL_FAMILIES)}")
     with torch.device(device):
-        model = MODEL_FAMILIES[cfg.model_type](cfg)
+        model = MODEL_FAMILIES[cfg.model_type](cfg, tp)
     model.load_weights(iter_safetensors(Path(path), device))
     return model.to(dtype=dtype).eval()
 
 
-def iter_safetensors(path: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors of a checkpoint: one model.safetensors or the shards its index lists."""
+def iter_safetensors(path: Path, device: torch.device) -> Iterator[tuple[str, Any]]:
+    """Lazy tensors of a checkpoint (one model.safetensors or the shards its index lists):
+    indexing a slice reads only that part, so a rank never loads the whole model."""
     index = path / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -41,4 +45,4 @@ def iter_safetensors(path: Path, device: torch.device) -> Iterator[tuple[str, to
     for file in files:
         with safe_open(str(path / file), framework="pt", device=str(device)) as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)

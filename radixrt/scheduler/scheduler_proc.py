@@ -32,7 +32,7 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
     ctx = zmq.Context()
     ready: Sender[ReadyMsg] = Sender(ctx, addrs.ready)
     inbox: Receiver[FrontendMsg] = Receiver(ctx, addrs.scheduler_in, FrontendMsg)
-    to_worker: Sender[SchedulerToWorker] = Sender(ctx, addrs.worker_in)
+    to_workers: list[Sender[SchedulerToWorker]] = [Sender(ctx, addrs.worker_in_for(r)) for r in range(args.tp_size)]
     from_worker: Receiver[BatchResult] = Receiver(ctx, addrs.worker_out, BatchResult)
     outbox: Sender[SchedulerToFrontend] = Sender(ctx, addrs.frontend_in)
     try:
@@ -52,7 +52,8 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
         msg = inbox.recv(timeout_ms=None if sched.idle else 0)
         while msg is not None:
             if isinstance(msg, Shutdown):
-                to_worker.send(Shutdown())
+                for w in to_workers:
+                    w.send(Shutdown())
                 return
             if isinstance(msg, TokenizedRequest):
                 sched.add_request(msg)
@@ -64,8 +65,13 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
             msg = inbox.recv_nowait()
         batch = sched.schedule()
         if batch is not None:
-            to_worker.send(batch)
-            sched.process(from_worker.recv())
+            for w in to_workers:  # every rank runs every step
+                w.send(batch)
+            result = from_worker.recv(timeout_ms=int(args.watchdog_timeout * 1000))
+            if result is None:
+                logging.error("step %d got no answer from the workers within %.0f s; giving up", batch.step, args.watchdog_timeout)
+                raise SystemExit(3)
+            sched.process(result)
         outputs = sched.take_outputs()
         if outputs:
             outbox.send(TokenBatchOut(outputs))

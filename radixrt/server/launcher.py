@@ -9,6 +9,7 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
+import socket
 import tempfile
 import time
 
@@ -25,17 +26,25 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 600
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Backend:
     def __init__(self, args: ServerArgs) -> None:
         self._dir = tempfile.mkdtemp(prefix="radixrt-")
-        self.addrs = Addresses.in_dir(self._dir)
+        self.addrs = Addresses.in_dir(self._dir, free_port() if args.tp_size > 1 else 0)
         self._ctx = zmq.Context()
         self._ready: Receiver[ReadyMsg] = Receiver(self._ctx, self.addrs.ready, ReadyMsg)
         self.processes: list[mp.process.BaseProcess] = []
         spawn = mp.get_context("spawn")
         try:
-            self._start(spawn, "radixrt-worker", run_worker, (args, self.addrs, os.getpid()))
-            self.worker: WorkerReady = self._wait_ready(WorkerReady)
+            for rank in range(args.tp_size):
+                self._start(spawn, f"radixrt-worker-{rank}", run_worker, (args, self.addrs, os.getpid(), rank))
+            # every rank reports; they agreed on one pool, so any report describes them all
+            self.worker: WorkerReady = [self._wait_ready(WorkerReady) for _ in range(args.tp_size)][0]
             self._start(spawn, "radixrt-scheduler", run_scheduler, (args, self.addrs, self.worker, os.getpid()))
             self._wait_ready(SchedulerReady)
         except BaseException:

@@ -19,15 +19,19 @@ class Addresses:
     """ipc:// endpoints; each is bound by its receiver."""
 
     scheduler_in: str  # frontend -> scheduler
-    worker_in: str  # scheduler -> worker
-    worker_out: str  # worker -> scheduler
+    worker_in: str  # scheduler -> worker rank r: worker_in_for(r)
+    worker_out: str  # worker rank 0 -> scheduler
     frontend_in: str  # scheduler -> frontend
     ready: str  # children -> launcher
+    dist_init: str = ""  # torch.distributed rendezvous of the tensor-parallel ranks
 
     @classmethod
-    def in_dir(cls, d: str | Path) -> Addresses:
+    def in_dir(cls, d: str | Path, dist_port: int = 0) -> Addresses:
         names = ("scheduler_in", "worker_in", "worker_out", "frontend_in", "ready")
-        return cls(*(f"ipc://{Path(d) / n}" for n in names))
+        return cls(*(f"ipc://{Path(d) / n}" for n in names), dist_init=f"tcp://127.0.0.1:{dist_port}")
+
+    def worker_in_for(self, rank: int) -> str:
+        return f"{self.worker_in}_{rank}"
 
 
 def configure_child(args: ServerArgs, name: str, parent_pid: int) -> None:

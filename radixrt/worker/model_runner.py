@@ -16,6 +16,8 @@ from radixrt.config import ServerArgs
 from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend
 from radixrt.messages import BatchEntry, BatchResult, EntryLogprobs, ForwardBatch, WorkerReady
 from radixrt.models import ModelConfig, load_model
+from radixrt.models.llama import rank_heads
+from radixrt.models.parallel import TPGroup
 from radixrt.worker.kv_pool import plan_num_pages
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
 from radixrt.worker.sampler import Sampler
@@ -30,9 +32,22 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def init_tensor_parallel(args: ServerArgs, rank: int, dist_init: str, device: torch.device) -> TPGroup:
+    if args.tp_size == 1:
+        return TPGroup()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    torch.distributed.init_process_group(backend, init_method=dist_init, rank=rank, world_size=args.tp_size)
+    if device.type == "cpu":  # the ranks share the host's cores
+        torch.set_num_threads(max(1, torch.get_num_threads() // args.tp_size))
+    return TPGroup(rank, args.tp_size)
+
+
 class ModelRunner:
-    def __init__(self, args: ServerArgs) -> None:
+    def __init__(self, args: ServerArgs, rank: int = 0, dist_init: str = "") -> None:
         self.device = device = resolve_device(args.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(rank)
+        self.tp = init_tensor_parallel(args, rank, dist_init, device)
         torch.manual_seed(args.random_seed)  # unseeded sampling draws from this
         self.cfg = cfg = ModelConfig.from_dir(args.model_path)
         dtype = DTYPES[cfg.torch_dtype if args.dtype == "auto" else args.dtype]
@@ -41,12 +56,14 @@ class ModelRunner:
             raise ValueError(
                 f"context_length {self.context_length} exceeds the model's max_position_embeddings {cfg.max_position_embeddings}"
             )
-        self.model = load_model(args.model_path, cfg, dtype, device)
-        self.bytes_per_token = PagedKVCache.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
-        num_pages = plan_num_pages(args, self.bytes_per_token, device)
-        self.cache = PagedKVCache(cfg.num_layers, num_pages, args.page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+        self.model = load_model(args.model_path, cfg, dtype, device, self.tp)
+        _, heads, _, kv_heads = rank_heads(cfg, self.tp)
+        self.bytes_per_token = PagedKVCache.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype)
+        ranks_per_memory = self.tp.size if device.type == "cpu" else 1  # CPU ranks share the host's RAM
+        num_pages = self._agree(plan_num_pages(args, self.bytes_per_token * ranks_per_memory, device))
+        self.cache = PagedKVCache(cfg.num_layers, num_pages, args.page_size, kv_heads, cfg.head_dim, dtype, device)
         backend = args.attention_backend or "torch"
-        self.attn = create_attention_backend(backend, self.cache, cfg.num_heads, cfg.head_dim, cfg.head_dim**-0.5)
+        self.attn = create_attention_backend(backend, self.cache, heads, cfg.head_dim, cfg.head_dim**-0.5)
         self.page_size = args.page_size
         slots = args.max_running_requests
         # page_table[slot, i]: the i-th page of the request on that slot
@@ -54,6 +71,14 @@ class ModelRunner:
         self.pages_used = [0] * slots
         self.sampler = Sampler(slots, cfg.vocab_size, device)
         logger.info("worker ready: %s on %s, %d pages of %d tokens", cfg.model_type, device, num_pages, args.page_size)
+
+    def _agree(self, num_pages: int) -> int:
+        """Every rank must hold the same pages: take the smallest pool any rank can afford."""
+        if self.tp.size == 1:
+            return num_pages
+        t = torch.tensor([num_pages], dtype=torch.int64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        return int(t)
 
     def ready_message(self) -> WorkerReady:
         return WorkerReady(
@@ -74,6 +99,8 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.attn)  # [T, hidden]
         rows = LogitRows.plan(entries)
         logits = self.model.compute_logits(hidden[rows.index(self.device)])  # [R, vocab] float32
+        if self.tp.rank != 0:  # the others took part in the forward and the logits gather; rank 0 samples
+            return BatchResult(step=batch.step, next_ids=[])
         sample_logits = logits[rows.sample_pos]
         next_ids = self.sampler.sample(sample_logits, [e.slot for e in entries if e.sample]) if rows.sample_pos else None
         ids = next_ids.tolist() if next_ids is not None else []

@@ -12,19 +12,20 @@ from radixrt.messages import BatchResult, ChildFailed, ForwardBatch, ReadyMsg, S
 from radixrt.utils.procs import Addresses, configure_child
 
 
-def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int) -> None:
-    configure_child(args, "worker", parent_pid)
+def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 0) -> None:
+    """One tensor-parallel rank. Every rank runs every batch; only rank 0 answers."""
+    configure_child(args, f"worker{rank}", parent_pid)
     ctx = zmq.Context()
     ready: Sender[ReadyMsg] = Sender(ctx, addrs.ready)
-    inbox: Receiver[SchedulerToWorker] = Receiver(ctx, addrs.worker_in, SchedulerToWorker)
-    outbox: Sender[BatchResult] = Sender(ctx, addrs.worker_out)
+    inbox: Receiver[SchedulerToWorker] = Receiver(ctx, addrs.worker_in_for(rank), SchedulerToWorker)
+    outbox: Sender[BatchResult] | None = Sender(ctx, addrs.worker_out) if rank == 0 else None
     try:
         from radixrt.worker.model_runner import ModelRunner
 
-        runner = ModelRunner(args)
+        runner = ModelRunner(args, rank, addrs.dist_init)
     except Exception as e:
-        logging.exception("worker failed to start")
-        ready.send(ChildFailed(who="worker", error=f"{type(e).__name__}: {e}"))
+        logging.exception("worker %d failed to start", rank)
+        ready.send(ChildFailed(who=f"worker {rank}", error=f"{type(e).__name__}: {e}"))
         raise SystemExit(1)
     ready.send(runner.ready_message())
     while True:
@@ -32,4 +33,6 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int) -> None:
         if isinstance(msg, Shutdown):
             return
         assert isinstance(msg, ForwardBatch)
-        outbox.send(runner.forward(msg))
+        result = runner.forward(msg)
+        if outbox is not None:
+            outbox.send(result)

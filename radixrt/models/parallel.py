@@ -1,0 +1,73 @@
+"""Tensor parallelism for the model: the rank's group, and the layers that split across it.
+
+Column-parallel layers are plain nn.Linear with this rank's output rows;
+row-parallel layers all-reduce their partial sums before adding the bias once.
+The vocabulary splits in contiguous blocks for the embedding and the LM head.
+With size 1 every collective is skipped, so one code path serves both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    rank: int = 0
+    size: int = 1
+
+    def split(self, n: int, what: str) -> tuple[int, int]:
+        """This rank's [start, start + count) of n items divided evenly."""
+        if n % self.size:
+            raise ValueError(f"{what} ({n}) is not divisible by tp_size {self.size}")
+        count = n // self.size
+        return self.rank * count, count
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            torch.distributed.all_reduce(x)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., n] on every rank -> [..., n * size], rank order."""
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        torch.distributed.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_shard @ W_shard^T) + b: the input features are split across ranks."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))  # [out, in / tp]
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Each rank holds a contiguous block of the vocabulary's rows; lookups sum across ranks."""
+
+    def __init__(self, vocab: int, hidden: int, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.start, count = tp.split(vocab, "vocab_size")
+        self.weight = nn.Parameter(torch.empty(count, hidden))  # [vocab / tp, hidden]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.weight.shape[0])
+        x = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight) * inside[:, None]
+        return self.tp.all_reduce(x)

@@ -1,0 +1,108 @@
+"""Tensor parallelism on CPU (gloo): sharded loading, greedy tokens equal to tp 1 and to
+transformers through the Engine and the server, and a dead or hung rank ending the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import radixrt
+import requests
+import torch
+from helpers import corpus_prompts, hf_greedy, process_alive
+from radixrt.models import ModelConfig, load_model
+from radixrt.models.llama import rank_heads
+from radixrt.models.parallel import TPGroup
+from server_proc import child_pids, running_server, spawned_children
+
+GREEDY = {"max_new_tokens": 16, "temperature": 0}
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_each_rank_loads_exactly_its_slices(model_paths, size):
+    """No collectives needed: every rank's parameters are the right pieces of the full model."""
+    for family, path in model_paths.items():
+        cfg = ModelConfig.from_dir(path)
+        full = load_model(path, cfg, torch.float32, torch.device("cpu")).state_dict()
+        d, inter, vocab = cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
+        for rank in range(size):
+            tp = TPGroup(rank, size)
+            part = load_model(path, cfg, torch.float32, torch.device("cpu"), tp).state_dict()
+            q0, qn, kv0, kvn = rank_heads(cfg, tp)
+            assert qn == cfg.num_heads // size and kvn == max(1, cfg.num_kv_heads // size)
+            q_rows = slice(q0 * d, (q0 + qn) * d)
+            k_rows = slice(cfg.num_heads * d + kv0 * d, cfg.num_heads * d + (kv0 + kvn) * d)
+            v_rows = slice(k_rows.start + cfg.num_kv_heads * d, k_rows.stop + cfg.num_kv_heads * d)
+            for layer in range(cfg.num_layers):
+                pre = f"layers.{layer}."
+                qkv = full[pre + "self_attn.qkv_proj.weight"]
+                want = torch.cat([qkv[q_rows], qkv[k_rows], qkv[v_rows]])
+                torch.testing.assert_close(part[pre + "self_attn.qkv_proj.weight"], want, rtol=0, atol=0)
+                o = full[pre + "self_attn.o_proj.weight"][:, q0 * d : (q0 + qn) * d]
+                torch.testing.assert_close(part[pre + "self_attn.o_proj.weight"], o, rtol=0, atol=0)
+                lo, n = rank * inter // size, inter // size
+                gu = full[pre + "mlp.gate_up_proj.weight"]
+                torch.testing.assert_close(part[pre + "mlp.gate_up_proj.weight"],
+                                           torch.cat([gu[lo : lo + n], gu[inter + lo : inter + lo + n]]), rtol=0, atol=0)
+                torch.testing.assert_close(part[pre + "mlp.down_proj.weight"], full[pre + "mlp.down_proj.weight"][:, lo : lo + n],
+                                           rtol=0, atol=0)
+            vlo, vn = rank * vocab // size, vocab // size
+            torch.testing.assert_close(part["embed_tokens.weight"], full["embed_tokens.weight"][vlo : vlo + vn], rtol=0, atol=0)
+            torch.testing.assert_close(part["lm_head.weight"], full["lm_head.weight"][vlo : vlo + vn], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_tp2_engine_gives_the_tokens_of_tp1_and_transformers(family, model_paths):
+    path = model_paths[family]
+    prompts = corpus_prompts(path, [6, 33, 90, 210], seed=21)
+    args = dict(model_path=str(path), page_size=16, max_total_tokens=8192, chunked_prefill_size=64)
+    with radixrt.Engine(tp_size=2, **args) as e:
+        got = e.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True, logprob_start_len=0)
+        assert e.get_server_info()["tp_size"] == 2 and len(e.pids) == 3
+    for ids, res in zip(prompts, got):
+        assert res["output_ids"] == hf_greedy(path, ids, GREEDY["max_new_tokens"])
+    with radixrt.Engine(**args) as e:
+        want = e.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True, logprob_start_len=0)
+    for g, w in zip(got, want):
+        gl = [t[0] for t in g["meta_info"]["input_token_logprobs"][1:]] + [t[0] for t in g["meta_info"]["output_token_logprobs"]]
+        wl = [t[0] for t in w["meta_info"]["input_token_logprobs"][1:]] + [t[0] for t in w["meta_info"]["output_token_logprobs"]]
+        assert gl == pytest.approx(wl, abs=1e-4)
+
+
+def test_more_ranks_than_kv_heads_replicates_them(llama_path):
+    prompts = corpus_prompts(llama_path, [12, 70], seed=22)
+    with radixrt.Engine(model_path=str(llama_path), tp_size=4, max_total_tokens=2048) as e:  # 2 KV heads, 4 ranks
+        got = e.generate(input_ids=prompts, sampling_params=GREEDY)
+    for ids, res in zip(prompts, got):
+        assert res["output_ids"] == hf_greedy(llama_path, ids, GREEDY["max_new_tokens"])
+
+
+def test_tp2_server_matches_and_a_killed_rank_ends_it(llama_path):
+    prompts = corpus_prompts(llama_path, [15, 120], seed=23)
+    with running_server(llama_path, "--tp-size", "2", "--page-size", "16", "--max-total-tokens", "4096") as (url, proc):
+        got = requests.post(url + "/generate", json={"input_ids": prompts, "sampling_params": GREEDY}, timeout=60).json()
+        assert [r["output_ids"] for r in got] == [hf_greedy(llama_path, p, GREEDY["max_new_tokens"]) for p in prompts]
+        children = child_pids(proc.pid)
+        rank0, rank1, scheduler = spawned_children(proc.pid)
+        os.kill(rank1, signal.SIGKILL)
+        start = time.monotonic()
+        assert proc.wait(15) != 0 and time.monotonic() - start < 15
+        assert not any(process_alive(p) for p in children)
+
+
+def test_a_hung_rank_trips_the_watchdog(llama_path):
+    args = ("--tp-size", "2", "--max-total-tokens", "2048", "--watchdog-timeout", "3")
+    with running_server(llama_path, *args) as (url, proc):
+        children = child_pids(proc.pid)
+        rank1 = spawned_children(proc.pid)[1]
+        os.kill(rank1, signal.SIGSTOP)  # rank 1 stops answering, without dying
+        try:
+            requests.post(url + "/generate", json={"text": "hello", "sampling_params": GREEDY}, timeout=30)
+        except requests.RequestException:
+            pass
+        assert proc.wait(30) != 0
+        log = proc.stdout.read()
+        assert "no answer from the workers" in log
+        assert not any(process_alive(p) for p in children)
