@@ -6,7 +6,7 @@ name (`create_attention_backend`).
 
 from radixrt.kernels.backend import AttentionBackend, AttentionMetadata
 from radixrt.kernels.kv_cache import PagedKVCache
-from radixrt.kernels.registry import ATTENTION_BACKENDS, create_attention_backend
+from radixrt.kernels.registry import ATTENTION_BACKENDS, create_attention_backend, default_attention_backend
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -14,4 +14,5 @@ __all__ = [
     "AttentionMetadata",
     "PagedKVCache",
     "create_attention_backend",
+    "default_attention_backend",
 ]

@@ -1,8 +1,10 @@
 """The paged KV storage: per layer one K and one V tensor of fixed-size pages.
 
 A token's KV lives at a *slot*: `page_id * page_size + offset`. The scheduler
-decides which pages a request owns; this class only stores bytes. Reads gather
-exact slots, so unwritten (garbage) memory is never read.
+decides which pages a request owns; this class only stores bytes. One extra,
+zeroed page past the pool (`pad_slot`) is what padded reads point at: the
+pool itself is uninitialized memory, and a masked position still multiplies
+its value by 0, which is NaN if the garbage was NaN.
 """
 
 from __future__ import annotations
@@ -21,14 +23,17 @@ class PagedKVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        self.num_pages = num_pages
+        self.num_pages = num_pages  # usable pages; page `num_pages` is the zeroed padding page
         self.page_size = page_size
-        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        self.pad_slot = num_pages * page_size
+        shape = (num_pages + 1, page_size, num_kv_heads, head_dim)
         # NOTE: torch.empty, not zeros: a large pool is then committed by the OS
-        # page by page as it is written, and never-written slots are never read.
-        # k[layer], v[layer]: [num_pages, page_size, kv_heads, head_dim]
+        # page by page as it is written. Only the padding page is zeroed.
+        # k[layer], v[layer]: [num_pages + 1, page_size, kv_heads, head_dim]
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for buf in self.k + self.v:
+            buf[num_pages].zero_()
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

@@ -14,7 +14,17 @@ def _torch(cache: PagedKVCache, num_heads: int, head_dim: int, scale: float) -> 
     return TorchBackend(cache, num_heads, head_dim, scale)
 
 
-ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {"torch": _torch}
+def _flashinfer(cache: PagedKVCache, num_heads: int, head_dim: int, scale: float) -> AttentionBackend:
+    from radixrt.kernels.flashinfer_backend import FlashInferBackend
+
+    return FlashInferBackend(cache, num_heads, head_dim, scale)
+
+
+ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {"torch": _torch, "flashinfer": _flashinfer}
+
+
+def default_attention_backend(device_type: str) -> str:
+    return "flashinfer" if device_type == "cuda" else "torch"
 
 
 def create_attention_backend(

@@ -32,7 +32,7 @@ from radixrt.kernels.backend import AttentionBackend, AttentionMetadata
 @dataclass
 class _DecodePlan:
     rows: torch.Tensor  # [Bd] int64 token rows of the decode requests
-    slots: torch.Tensor  # [Bd, max_kv] int64 cache slots (padding points at slot 0)
+    slots: torch.Tensor  # [Bd, max_kv] int64 cache slots (padding points at the cache's zeroed pad_slot)
     mask: torch.Tensor  # [Bd, 1, 1, max_kv] bool, True where the slot is real
 
 
@@ -52,7 +52,7 @@ CASCADE_MIN_TOKENS = 64
 class _CascadePlan:
     rows: torch.Tensor  # [G] int64 token rows of the requests sharing the prefix
     prefix_slots: torch.Tensor  # [Lp] int64 cache slots of the shared prefix
-    tail_slots: torch.Tensor  # [G, max_tail] int64 slots of each request's own tail (padding: 0)
+    tail_slots: torch.Tensor  # [G, max_tail] int64 slots of each request's own tail (padding: pad_slot)
     tail_mask: torch.Tensor  # [G, 1, 1, max_tail] bool
 
 
@@ -117,7 +117,7 @@ class TorchBackend(AttentionBackend):
         j = torch.arange(int(kv_lens.max()), device=device)  # [max_kv]
         valid = j[None, :] < kv_lens[:, None]  # [Bd, max_kv]
         pages = meta.page_table[idx][:, j // meta.page_size]  # [Bd, max_kv]
-        slots = torch.where(valid, pages * meta.page_size + j % meta.page_size, 0)
+        slots = torch.where(valid, pages * meta.page_size + j % meta.page_size, self.cache.pad_slot)
         rows = torch.tensor([starts[i] for i in reqs], dtype=torch.int64, device=device)
         return _DecodePlan(rows, slots, valid[:, None, None, :])
 
@@ -132,7 +132,7 @@ class TorchBackend(AttentionBackend):
         pos = prefix_len + j
         slots = meta.page_table[idx][:, pos // ps] * ps + pos % ps
         rows = torch.tensor([starts[i] for i in members], dtype=torch.int64, device=device)
-        return _CascadePlan(rows, prefix_slots, torch.where(valid, slots, 0), valid[:, None, None, :])
+        return _CascadePlan(rows, prefix_slots, torch.where(valid, slots, self.cache.pad_slot), valid[:, None, None, :])
 
     def _plan_prefill(self, meta: AttentionMetadata, i: int, starts: list[int], device) -> _PrefillPlan:
         q_len, kv_len = meta.qo_lens[i], meta.kv_lens[i]

@@ -37,7 +37,7 @@ class ServerArgs:
     max_running_requests: int = _arg(256, "maximum requests in the running batch")
     schedule_policy: str = _arg("lpm", "admission order: lpm (longest cached prefix first) or fcfs")
     disable_radix_cache: bool = _arg(False, "do not reuse KV across requests (every prompt is computed in full)")
-    attention_backend: str | None = _arg(None, "attention kernel: torch (default on CPU)")
+    attention_backend: str | None = _arg(None, "attention kernel: flashinfer (default on CUDA) or torch (default on CPU)")
     tp_size: int = _arg(1, "tensor parallel ranks (worker processes; gloo on CPU, NCCL on CUDA)")
     watchdog_timeout: float = _arg(300.0, "seconds a step may take before the server gives up on a hung worker")
     random_seed: int = _arg(0, "seed of the global sampling RNG")

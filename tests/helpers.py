@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -24,6 +25,17 @@ def process_alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def all_gone(pids: list[int], timeout: float = 10.0) -> bool:
+    """True once none of pids runs. Waits a little: after a parent exits, helpers such as
+    multiprocessing's resource tracker leave on their own once their pipe closes."""
+    deadline = time.monotonic() + timeout
+    while any(process_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @functools.lru_cache(maxsize=4)

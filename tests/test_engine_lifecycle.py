@@ -8,7 +8,7 @@ import time
 
 import pytest
 import radixrt
-from helpers import assert_no_page_leak, corpus_prompts, hf_greedy, process_alive
+from helpers import all_gone, assert_no_page_leak, corpus_prompts, hf_greedy, process_alive
 from radixrt.frontend.tokenizer_manager import BackendDied
 
 
@@ -30,7 +30,7 @@ def test_shutdown_leaves_no_child_process(llama_path):
     assert len(pids) == 2 and all(process_alive(p) for p in pids)
     engine.generate("hello", {"max_new_tokens": 2})
     engine.shutdown()
-    assert not any(process_alive(p) for p in pids)
+    assert all_gone(pids)
     with pytest.raises(RuntimeError, match="shut down"):
         engine.generate("hello")
 
@@ -51,7 +51,7 @@ def test_a_killed_worker_fails_pending_requests_and_the_engine_says_so(llama_pat
             engine.generate("again")
     finally:
         engine.shutdown()
-    assert not any(process_alive(p) for p in pids)
+    assert all_gone(pids)
 
 
 def test_a_pool_a_third_of_the_need_retracts_and_matches_transformers(llama_path):

@@ -13,7 +13,7 @@ import time
 import pytest
 import radixrt
 import requests
-from helpers import corpus_prompts, process_alive
+from helpers import all_gone, corpus_prompts
 from server_proc import child_pids, running_server
 
 ARGS = ("--page-size", "16", "--max-total-tokens", "16384")
@@ -222,7 +222,7 @@ def test_api_key_and_sigterm_stops_every_process(llama_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
         assert time.monotonic() - start < 10
-        assert not any(process_alive(p) for p in children)
+        assert all_gone(children)
 
 
 def test_a_dead_child_brings_the_server_down_with_a_clear_message(llama_path):
@@ -235,4 +235,4 @@ def test_a_dead_child_brings_the_server_down_with_a_clear_message(llama_path):
         assert code != 0 and time.monotonic() - start < 15
         log = proc.stdout.read()
         assert "died" in log and "exited with code" in log
-        assert not any(process_alive(p) for p in children)
+        assert all_gone(children)

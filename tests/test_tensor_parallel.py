@@ -11,7 +11,7 @@ import pytest
 import radixrt
 import requests
 import torch
-from helpers import corpus_prompts, hf_greedy, process_alive
+from helpers import all_gone, corpus_prompts, hf_greedy
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
@@ -89,7 +89,7 @@ def test_tp2_server_matches_and_a_killed_rank_ends_it(llama_path):
         os.kill(rank1, signal.SIGKILL)
         start = time.monotonic()
         assert proc.wait(15) != 0 and time.monotonic() - start < 15
-        assert not any(process_alive(p) for p in children)
+        assert all_gone(children)
 
 
 def test_a_hung_rank_trips_the_watchdog(llama_path):
@@ -105,4 +105,4 @@ def test_a_hung_rank_trips_the_watchdog(llama_path):
         assert proc.wait(30) != 0
         log = proc.stdout.read()
         assert "no answer from the workers" in log
-        assert not any(process_alive(p) for p in children)
+        assert all_gone(children)

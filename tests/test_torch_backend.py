@@ -1,4 +1,5 @@
-"""TorchBackend against a naive per-token attention over the same pages.
+"""Attention backends against a naive per-token attention over the same pages: TorchBackend
+on the CPU, and FlashInferBackend on a CUDA GPU (those cases skip, saying why, without one).
 
 Covers what top-left causal masks get wrong: new tokens over an already
 cached prefix (radix hits, later prefill chunks), mixed with decodes, GQA, and
@@ -27,16 +28,32 @@ def naive_attention(q, k_all, v_all, prefix, scale):
     return out
 
 
+def backend_device(name: str) -> tuple[torch.device, torch.dtype, float]:
+    """Where a backend runs, in which dtype, to what tolerance; skips (saying why) when it cannot run here."""
+    if name == "torch":
+        return torch.device("cpu"), torch.float32, 1e-5
+    if not torch.cuda.is_available():
+        pytest.skip("the flashinfer backend needs a CUDA GPU; none is present")
+    pytest.importorskip("flashinfer", reason="flashinfer-python (the `cuda` extra) is not installed")
+    return torch.device("cuda"), torch.bfloat16, 2e-2
+
+
+MIXED = [(0, 7), (13, 5), (20, 1), (1, 1), (0, 1), (37, 9), (64, 1)]  # plain prefill, over a prefix, decodes
+DECODES = [(20, 1), (1, 1), (0, 1), (64, 1), (37, 1)]
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "flashinfer"])
+@pytest.mark.parametrize("shapes", [MIXED, DECODES], ids=["mixed", "decode"])
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
-def test_mixed_batch_matches_naive(page_size, heads, kv_heads):
+def test_batch_matches_naive(backend_name, shapes, page_size, heads, kv_heads):
+    device, dtype, tol = backend_device(backend_name)
     torch.manual_seed(0)
     rng = random.Random(page_size * 10 + heads)
-    D, layers, num_pages = 16, 2, 256
-    cache = PagedKVCache(layers, num_pages, page_size, kv_heads, D, torch.float32, torch.device("cpu"))
-    backend = create_attention_backend("torch", cache, heads, D, D**-0.5)
-    # (cached prefix, new tokens): plain prefill, prefill over a prefix, decodes, a long prefix
-    shapes = [(0, 7), (13, 5), (20, 1), (1, 1), (0, 1), (37, 9), (64, 1)]
+    D, layers, num_pages = 16 if backend_name == "torch" else 64, 2, 256
+    cache = PagedKVCache(layers, num_pages, page_size, kv_heads, D, dtype, device)
+    backend = create_attention_backend(backend_name, cache, heads, D, D**-0.5)
+    # (cached prefix, new tokens) per request
     free = list(range(num_pages))
     rng.shuffle(free)
     tables, history = [], []
@@ -49,21 +66,21 @@ def test_mixed_batch_matches_naive(page_size, heads, kv_heads):
     slots_of = lambda i, pos: page_table[i, pos // page_size] * page_size + pos % page_size  # noqa: E731
     for layer in range(layers):  # the cached prefixes, written as earlier steps would have
         for i, (prefix, _) in enumerate(shapes):
-            pos = torch.arange(prefix)
-            cache.write(layer, slots_of(i, pos), *history[i][layer])
+            hk, hv = history[i][layer]
+            cache.write(layer, slots_of(i, torch.arange(prefix)).to(device), hk.to(device, dtype), hv.to(device, dtype))
     out_slots = torch.cat([slots_of(i, torch.arange(p, p + n)) for i, (p, n) in enumerate(shapes)])
-    meta = AttentionMetadata([n for _, n in shapes], [p + n for p, n in shapes], page_table, out_slots, page_size)
+    meta = AttentionMetadata([n for _, n in shapes], [p + n for p, n in shapes], page_table.to(device), out_slots.to(device), page_size)
     backend.init_forward(meta)
     T = sum(n for _, n in shapes)
     for layer in range(layers):
-        q, k, v = torch.randn(T, heads, D), torch.randn(T, kv_heads, D), torch.randn(T, kv_heads, D)
-        got = backend.forward(q, k, v, layer)
+        q, k, v = (torch.randn(T, h, D).to(dtype).float() for h in (heads, kv_heads, kv_heads))
+        got = backend.forward(q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), layer).float().cpu()
         row = 0
         for i, (prefix, new) in enumerate(shapes):
-            hk, hv = history[i][layer]
+            hk, hv = (x.to(dtype).float() for x in history[i][layer])
             k_all, v_all = torch.cat([hk, k[row : row + new]]), torch.cat([hv, v[row : row + new]])
             want = naive_attention(q[row : row + new], k_all, v_all, prefix, D**-0.5)
-            torch.testing.assert_close(got[row : row + new], want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got[row : row + new], want, atol=tol, rtol=tol)
             row += new
 
 

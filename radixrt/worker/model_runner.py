@@ -13,7 +13,7 @@ import math
 import torch
 
 from radixrt.config import ServerArgs
-from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend
+from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend, default_attention_backend
 from radixrt.messages import BatchEntry, BatchResult, EntryLogprobs, ForwardBatch, WorkerReady
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.llama import rank_heads
@@ -62,7 +62,7 @@ class ModelRunner:
         ranks_per_memory = self.tp.size if device.type == "cpu" else 1  # CPU ranks share the host's RAM
         num_pages = self._agree(plan_num_pages(args, self.bytes_per_token * ranks_per_memory, device))
         self.cache = PagedKVCache(cfg.num_layers, num_pages, args.page_size, kv_heads, cfg.head_dim, dtype, device)
-        backend = args.attention_backend or "torch"
+        backend = args.attention_backend or default_attention_backend(device.type)
         self.attn = create_attention_backend(backend, self.cache, heads, cfg.head_dim, cfg.head_dim**-0.5)
         self.page_size = args.page_size
         slots = args.max_running_requests
