@@ -46,7 +46,7 @@ CHAT_TEMPLATE = (
 )
 
 # One fixed seed per (family, size), so the checkpoints never depend on build order.
-SEEDS = {("llama", "tiny"): 1234, ("qwen2", "tiny"): 5678, ("llama", "100m"): 4321}
+SEEDS = {("llama", "tiny"): 1234, ("qwen2", "tiny"): 5678, ("llama", "100m"): 4321, ("llama", "1b"): 8765}
 
 # Weight scale. Default init (initializer_range=0.02, all-ones RMSNorm weights) gives nearly flat
 # logits (std ~0.16 at hidden 64, ~0.55 for llama-100m), so greedy decoding picks among near-ties
@@ -60,7 +60,7 @@ SEEDS = {("llama", "tiny"): 1234, ("qwen2", "tiny"): 5678, ("llama", "100m"): 43
 #                            64 greedy tokens from each prompt hold 53-61 distinct ids
 #   llama-100m (default init range), final norm 4.5 vs 1.0: logit std 2.5 vs 0.55.
 TINY_INIT_RANGE = 0.2
-FINAL_NORM_SCALE = {"tiny": 2.0, "100m": 4.5}
+FINAL_NORM_SCALE = {"tiny": 2.0, "100m": 4.5, "1b": 4.5}
 # Random (not all-ones) RMSNorm weights in the tiny models, so a runtime that skips or
 # mis-loads a norm weight produces different tokens.
 TINY_NORM_WEIGHT_STD = 0.2
@@ -209,6 +209,16 @@ def _llama_100m(common: dict[str, Any]) -> PretrainedConfig:
     )  # fmt: skip
 
 
+def _llama_1b(common: dict[str, Any]) -> PretrainedConfig:
+    # ~1.07B parameters, head_dim 128 (FlashInfer's main kernels): the GPU benchmark's model.
+    return LlamaConfig(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=20,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common,
+    )  # fmt: skip
+
+
 def make_config(family: str, size: str, tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
     """The model config for one (family, size); raises ValueError for unknown pairs."""
     common = _common_config(tokenizer)
@@ -218,6 +228,8 @@ def make_config(family: str, size: str, tokenizer: PreTrainedTokenizerFast) -> P
         return _qwen2_tiny(len(tokenizer), common)
     if (family, size) == ("llama", "100m"):
         return _llama_100m(common)
+    if (family, size) == ("llama", "1b"):
+        return _llama_1b(common)
     raise ValueError(f"unknown model {family!r} size {size!r}; known: {sorted(SEEDS)}")
 
 
@@ -335,7 +347,7 @@ def ensure_model(family: str, size: str = "tiny", root: Path | None = None) -> P
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=["llama", "qwen2"], default="llama")
-    parser.add_argument("--size", choices=["tiny", "100m"], default="tiny")
+    parser.add_argument("--size", choices=["tiny", "100m", "1b"], default="tiny")
     parser.add_argument("--out", type=Path, help="write here (always rebuilds) instead of models/")
     args = parser.parse_args(argv)
     if args.out is not None:
