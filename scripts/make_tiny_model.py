@@ -199,24 +199,21 @@ def _qwen2_tiny(vocab: int, common: dict[str, Any]) -> PretrainedConfig:
     )  # fmt: skip
 
 
-def _llama_100m(common: dict[str, Any]) -> PretrainedConfig:
-    # vocab 32000 > tokenizer's 1024 on purpose: benchmark-realistic embedding/lm_head sizes.
-    return LlamaConfig(
-        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-        num_attention_heads=12, num_key_value_heads=4, head_dim=64,
-        max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common,
-    )  # fmt: skip
+# Benchmark-sized Llamas. vocab 32000 > the tokenizer's 1024 on purpose: realistic
+# embedding / lm_head sizes. 1b: ~1.07B parameters, head_dim 128 (FlashInfer's main kernels).
+BENCH_LLAMAS = {
+    "100m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                 num_key_value_heads=4, head_dim=64),
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=20, num_attention_heads=16,
+               num_key_value_heads=8, head_dim=128),
+}
 
 
-def _llama_1b(common: dict[str, Any]) -> PretrainedConfig:
-    # ~1.07B parameters, head_dim 128 (FlashInfer's main kernels): the GPU benchmark's model.
+def _bench_llama(size: str, common: dict[str, Any]) -> PretrainedConfig:
     return LlamaConfig(
-        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=20,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-        max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common,
-    )  # fmt: skip
+        vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **BENCH_LLAMAS[size], **common,
+    )
 
 
 def make_config(family: str, size: str, tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
@@ -226,10 +223,8 @@ def make_config(family: str, size: str, tokenizer: PreTrainedTokenizerFast) -> P
         return _llama_tiny(len(tokenizer), common)
     if (family, size) == ("qwen2", "tiny"):
         return _qwen2_tiny(len(tokenizer), common)
-    if (family, size) == ("llama", "100m"):
-        return _llama_100m(common)
-    if (family, size) == ("llama", "1b"):
-        return _llama_1b(common)
+    if family == "llama" and size in BENCH_LLAMAS:
+        return _bench_llama(size, common)
     raise ValueError(f"unknown model {family!r} size {size!r}; known: {sorted(SEEDS)}")
 
 

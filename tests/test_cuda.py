@@ -28,7 +28,8 @@ def test_engine_on_cuda_matches_transformers_logprobs(backend, page_size, llama_
                         page_size=page_size, chunked_prefill_size=64, max_total_tokens=8192) as engine:
         results = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 8, "temperature": 0},
                                   return_logprob=True, logprob_start_len=0)
-        assert engine.get_server_info()["free_pages"] + engine.get_server_info()["cached_pages"] == engine.get_server_info()["num_pages"]
+        info = engine.get_server_info()
+        assert info["free_pages"] + info["cached_pages"] == info["num_pages"]
     for ids, res in zip(prompts, results):
         out = res["output_ids"]
         ref = hf_logprobs(path, ids + out)  # fp32 on the CPU

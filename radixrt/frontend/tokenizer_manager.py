@@ -184,10 +184,6 @@ class TokenizerManager:
         for s in states:
             s.fail(why)
 
-    @property
-    def num_pending(self) -> int:
-        return len(self._states)
-
     def close(self) -> None:
         """Ask the scheduler (and through it the workers) to stop; stop receiving."""
         self._closed.set()
