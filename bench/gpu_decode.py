@@ -1,5 +1,7 @@
 """GPU benchmark (scripts/gpu_check.sh runs it): decode tokens/s at batch 1, 32 and 128 and prefill
 tokens/s on a ~1B random Llama in bf16, each printed beside the bound the hardware sets.
+Decode runs from CUDA graphs (on CUDA with FlashInfer, unless --disable-cuda-graph); batch 1 is
+also timed eagerly on the same runner for comparison, since that is where launch overhead shows most.
 
 Decode is bandwidth-bound: a step reads every weight once and each sequence's KV, so
 its bound is batch * HBM bandwidth / (weight bytes + KV bytes read). Prefill is
@@ -59,6 +61,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32, help="decode steps per batch")
     parser.add_argument("--hbm-tbs", type=float, default=4.8, help="HBM bandwidth, TB/s (H200: 4.8)")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak, TFLOP/s (H200: 989)")
+    parser.add_argument("--disable-cuda-graph", action="store_true", help="run decode eagerly throughout")
     args = parser.parse_args()
     from radixrt.config import ServerArgs
     from radixrt.worker.model_runner import ModelRunner
@@ -67,14 +70,19 @@ def main() -> None:
     path = ensure_model("llama", args.size)
     args.server_args = ServerArgs(model_path=str(path), dtype="bfloat16", device=args.device, page_size=16,
                                   max_running_requests=max(batches), chunked_prefill_size=8192,
-                                  max_total_tokens=max(batches) * (args.context + args.steps + 32))
+                                  max_total_tokens=max(batches) * (args.context + args.steps + 32),
+                                  disable_cuda_graph=args.disable_cuda_graph)
+    start = time.perf_counter()
     runner = ModelRunner(args.server_args)
+    graph_sizes = runner.graphs.sizes if runner.graphs is not None else []
+    print(f"runner ready in {time.perf_counter() - start:.1f} s; decode CUDA graphs: "
+          + (f"{len(graph_sizes)} sizes, batch {graph_sizes[0]} to {graph_sizes[-1]}" if graph_sizes else "off"))
     params = sum(p.numel() for p in runner.model.parameters())
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     run_batch(runner, args, 1)  # warm-up: kernel compilation (FlashInfer JIT) and allocator
     rows = {}
     print(f"\n== llama-{args.size}: {params / 1e9:.2f}B parameters (bf16, {weight_bytes / 2**30:.2f} GiB) on {args.device}, "
-          f"context {args.context}, attention {type(runner.attn).__name__}")
+          f"context {args.context}, attention {type(runner.attn).__name__}, decode {'from CUDA graphs' if graph_sizes else 'eager'}")
     print(f"{'batch':>6} {'decode tok/s':>13} {'bound tok/s':>12} {'of bound':>9} {'prefill tok/s':>14} {'bound tok/s':>12} {'of bound':>9}")
     for batch in batches:
         r = run_batch(runner, args, batch)
@@ -84,8 +92,16 @@ def main() -> None:
         rows[batch] = r
         print(f"{batch:>6} {r['decode_tok_s']:>13.0f} {r['decode_bound_tok_s']:>12.0f} {r['decode_tok_s'] / r['decode_bound_tok_s']:>9.1%} "
               f"{r['prefill_tok_s']:>14.0f} {r['prefill_bound_tok_s']:>12.0f} {r['prefill_tok_s'] / r['prefill_bound_tok_s']:>9.1%}")
+    eager_b1 = None
+    if runner.graphs is not None:  # the same runner with its graphs set aside: every step eager
+        graphs, runner.graphs = runner.graphs, None
+        eager_b1 = run_batch(runner, args, 1)["decode_tok_s"]
+        runner.graphs = graphs
+        graph_b1 = f"; from the graph: {rows[1]['decode_tok_s']:.0f} tok/s" if 1 in rows else ""
+        print(f"batch 1 decode eager (no CUDA graph): {eager_b1:.0f} tok/s{graph_b1}")
     print("wrote", write_result("gpu_decode", {"size": args.size, "device": args.device, "params": params,
                                                "context": args.context, "hbm_tbs": args.hbm_tbs, "peak_tflops": args.peak_tflops,
+                                               "cuda_graph_sizes": graph_sizes, "eager_batch1_decode_tok_s": eager_b1,
                                                "rows": rows}))
 
 

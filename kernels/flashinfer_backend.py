@@ -13,11 +13,17 @@ the planned kernel over the pool's own tensors, layout NHD =
 [num_pages, page_size, kv_heads, head_dim]. FlashInfer's `causal=True` is
 aligned bottom-right, which is exactly a chunk over a cached prefix.
 
+For CUDA graphs (radixrt/worker/cuda_graph.py), `graph_decode_wrapper` makes a
+decode wrapper over fixed buffers and `init_forward_with` plans it before each
+replay; the eager path is `init_forward`, which plans one of our own wrappers.
+
 TorchBackend is the reference this is held to (tests/test_torch_backend.py
 runs the same cases against both on a GPU).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +38,11 @@ TENSOR_CORE_GQA_GROUP = 4  # decode through the MMA kernel once the GQA group is
 class FlashInferBackend(AttentionBackend):
     def __init__(self, cache: PagedKVCache, num_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(cache, num_heads, head_dim, scale)
+        if cache.storage_dtype == torch.int8:  # FlashInfer's paged kernels read fp8 or the model's dtype
+            raise ValueError(
+                "kv_cache_dtype 'int8' is not supported by attention_backend 'flashinfer'; "
+                "use attention_backend 'torch', or kv_cache_dtype fp8_e4m3 / fp8_e5m2"
+            )
         device = cache.k[0].device
         if device.type != "cuda":
             raise ValueError("attention_backend 'flashinfer' needs a CUDA device; use 'torch' on CPU")
@@ -47,7 +58,17 @@ class FlashInferBackend(AttentionBackend):
         self._wrapper = self._decode
 
     def init_forward(self, meta: AttentionMetadata) -> None:
-        self.meta = meta
+        decode = all(n == 1 for n in meta.qo_lens)
+        self.init_forward_with(meta, self._decode if decode else self._prefill)
+
+    def init_forward_with(self, meta: AttentionMetadata, wrapper: Any) -> None:
+        """init_forward through a chosen wrapper: our prefill or decode one, or one from
+        `graph_decode_wrapper` (planned here, outside its graph, before every replay).
+
+        NOTE: plan() is host work (it reads indptr back to the CPU and schedules the
+        split-KV partition), so it must never run inside a CUDA graph capture.
+        """
+        self.meta, self._wrapper = meta, wrapper
         dev, ps = meta.out_slots.device, meta.page_size
         kv_lens = torch.tensor(meta.kv_lens, dtype=torch.int32, device=dev)  # [B]
         n_pages = (kv_lens + ps - 1) // ps  # [B]
@@ -55,22 +76,36 @@ class FlashInferBackend(AttentionBackend):
         cols = torch.arange(meta.page_table.shape[1], device=dev)
         kv_indices = meta.page_table[cols[None, :] < n_pages[:, None]].to(torch.int32)  # row-major: request by request
         last_page_len = (kv_lens - (n_pages - 1) * ps).to(torch.int32)  # [B], in [1, page_size]
-        dtype = self.cache.k[0].dtype
-        common = dict(q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scale)
-        if all(n == 1 for n in meta.qo_lens):
-            self._decode.plan(
-                kv_indptr, kv_indices, last_page_len, self.num_heads, self.kv_heads, self.head_dim, ps, **common
-            )
-            self._wrapper = self._decode
+        # q stays in the model's dtype; an fp8 pool is read as fp8 (k_scale / v_scale passed to run)
+        common = dict(q_data_type=self.cache.dtype, kv_data_type=self.cache.storage_dtype, sm_scale=self.scale)
+        if wrapper is not self._prefill:  # a decode wrapper, ours or a graph's
+            wrapper.plan(kv_indptr, kv_indices, last_page_len, self.num_heads, self.kv_heads, self.head_dim, ps, **common)
         else:
             qo = torch.tensor(meta.qo_lens, dtype=torch.int32, device=dev)
             qo_indptr = F.pad(torch.cumsum(qo, 0, dtype=torch.int32), (1, 0))  # [B + 1]
-            self._prefill.plan(
+            wrapper.plan(
                 qo_indptr, kv_indptr, kv_indices, last_page_len, self.num_heads, self.kv_heads, self.head_dim, ps,
                 causal=True, **common,
             )
-            self._wrapper = self._prefill
+
+    def graph_decode_wrapper(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, last_page_len: torch.Tensor) -> Any:
+        """A decode wrapper for one CUDA graph, its batch size B fixed at len(last_page_len).
+
+        The int32 buffers are the caller's and must outlive the graph: kv_indptr [B + 1],
+        kv_indices [at least the pages one step may list], last_page_len [B]. Each plan
+        (`init_forward_with`) copies the step's page table into them; the captured kernels
+        read them there. Same kernel choice (tensor cores or not) as the eager decode wrapper.
+        """
+        import flashinfer
+
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self._workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self._decode.use_tensor_cores,
+            paged_kv_indptr_buffer=kv_indptr, paged_kv_indices_buffer=kv_indices,
+            paged_kv_last_page_len_buffer=last_page_len,
+        )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         self.cache.write(layer, self.meta.out_slots, k, v)
-        return self._wrapper.run(q, (self.cache.k[layer], self.cache.v[layer]))
+        return self._wrapper.run(
+            q, (self.cache.k[layer], self.cache.v[layer]), k_scale=self.cache.k_scale[layer], v_scale=self.cache.v_scale[layer]
+        )

@@ -9,8 +9,11 @@ tail on its own, and the two partial softmaxes are merged exactly by their
 log-sum-exps (cascade attention, as FlashInfer's multi-level wrapper does). Each prefill chunk
 attends on its own (a few long requests per step, so the Python loop is per
 request, never per token); a chunk with no cached prefix attends over its own
-K/V without reading them back. Exactness matters more than speed here: it is
-the reference the fast kernels are held to.
+K/V without reading them back, unless the pool is quantized: then it reads
+them back like every other path, so that prefill and decode see the same
+quantized-then-dequantized K/V (as FlashInfer, which always reads the pool).
+Exactness matters more than speed here: it is the reference the fast kernels
+are held to.
 
 NOTE: scaled_dot_product_attention(is_causal=True) aligns the causal mask
 top-left, which is only right when a request has no cached prefix. With a
@@ -137,10 +140,12 @@ class TorchBackend(AttentionBackend):
     def _plan_prefill(self, meta: AttentionMetadata, i: int, starts: list[int], device) -> _PrefillPlan:
         q_len, kv_len = meta.qo_lens[i], meta.kv_lens[i]
         prefix = kv_len - q_len
-        if prefix == 0:
+        if prefix == 0 and not self.cache.quantized:
             return _PrefillPlan(starts[i], starts[i] + q_len, None, None)
         kv_pos = torch.arange(kv_len, device=device)
         slots = request_slots(meta.page_table[i], kv_pos, meta.page_size)
+        if prefix == 0:  # quantized pool: read the chunk's own K/V back, plain causal mask
+            return _PrefillPlan(starts[i], starts[i] + q_len, slots, None)
         q_pos = prefix + torch.arange(q_len, device=device)
         mask = kv_pos[None, :] <= q_pos[:, None]  # bottom-right causal
         return _PrefillPlan(starts[i], starts[i] + q_len, slots, mask)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
+PREEMPTION_MODES = ("recompute", "swap", "auto")
 
 
 def _arg(default: Any, help: str) -> Any:
@@ -39,6 +41,26 @@ class ServerArgs:
     disable_radix_cache: bool = _arg(False, "do not reuse KV across requests (every prompt is computed in full)")
     attention_backend: str | None = _arg(None, "attention kernel: flashinfer (default on CUDA) or torch (default on CPU)")
     tp_size: int = _arg(1, "tensor parallel ranks (worker processes; gloo on CPU, NCCL on CUDA)")
+    nnodes: int = _arg(1, "nodes the tensor-parallel ranks span (tp_size / nnodes ranks per node)")
+    node_rank: int = _arg(0, "this node's index; node 0 runs the scheduler and the HTTP server")
+    dist_init_addr: str | None = _arg(None, "host:port of node 0 where the nodes meet (required when nnodes > 1)")
+    cuda_graph_max_bs: int = _arg(256, "largest decode batch run from a captured CUDA graph")
+    disable_cuda_graph: bool = _arg(False, "run decode eagerly instead of from captured CUDA graphs")
+    kv_cache_dtype: str = _arg("auto", "KV pool storage: auto (the model's dtype), fp8_e4m3, fp8_e5m2 or int8")
+    enable_hierarchical_cache: bool = _arg(
+        False, "keep radix-cache pages evicted from the device pool in host memory (and on disk with hicache_dir)"
+    )
+    hicache_ratio: float = _arg(2.0, "host tier size as a multiple of the device KV pool (when hicache_size is 0)")
+    hicache_size: float = _arg(0.0, "host tier size in GB (0: use hicache_ratio)")
+    hicache_dir: str | None = _arg(None, "directory of the disk tier (pages spilled from host memory; kept across restarts)")
+    hicache_disk_size: float = _arg(16.0, "disk tier size in GB")
+    preemption_mode: str = _arg(
+        "recompute", "a retracted request's KV: recompute it, swap it to host memory, or auto (swap long ones)"
+    )
+    swap_space: float = _arg(4.0, "host memory in GB for swapped requests when the hierarchical cache is off")
+    # bench/kv_memory.py on CPU: swapping beats recomputing from about 21 tokens (tiny model) and at every
+    # measured length (124M model); 64 is the smallest measured length where it won on both.
+    swap_min_tokens: int = _arg(64, "auto preemption swaps requests holding at least this many tokens")
     watchdog_timeout: float = _arg(300.0, "seconds a step may take before the server gives up on a hung worker")
     random_seed: int = _arg(0, "seed of the global sampling RNG")
     log_level: str = _arg("info", "logging level: debug, info, warning, error")
@@ -68,8 +90,45 @@ class ServerArgs:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
+        self._check_distributed()
+        self._check_kv_memory()
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+
+    def _check_distributed(self) -> None:
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"tp_size {self.tp_size} must be a multiple of nnodes {self.nnodes}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("dist_init_addr (host:port of node 0) is required when nnodes > 1")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65535:
+                raise ValueError(f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
+        if self.cuda_graph_max_bs < 1:
+            raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
+
+    def _check_kv_memory(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        for name in ("hicache_ratio", "hicache_size", "hicache_disk_size", "swap_space"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.enable_hierarchical_cache and self.disable_radix_cache:
+            raise ValueError("enable_hierarchical_cache needs the radix cache; drop disable_radix_cache")
+        if self.enable_hierarchical_cache and self.hicache_size == 0 and self.hicache_ratio == 0:
+            raise ValueError("enable_hierarchical_cache needs a host tier: hicache_size > 0 or hicache_ratio > 0")
+        if self.hicache_dir is not None and not self.enable_hierarchical_cache:
+            raise ValueError("hicache_dir is the disk tier of the hierarchical cache: add enable_hierarchical_cache")
+        if self.hicache_dir is not None and self.hicache_disk_size <= 0:
+            raise ValueError(f"hicache_disk_size must be > 0 with hicache_dir, got {self.hicache_disk_size}")
+        if self.swap_min_tokens < 0:
+            raise ValueError(f"swap_min_tokens must be >= 0, got {self.swap_min_tokens}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:

@@ -23,6 +23,8 @@ PROGRESS_BAR_MIN = 32  # a list at least this long shows a tqdm bar
 class Engine:
     def __init__(self, **server_args: Any) -> None:
         self.server_args = ServerArgs.from_kwargs(**server_args)
+        if self.server_args.node_rank != 0:
+            raise ValueError("node_rank > 0 runs only worker ranks: start it with `radixrt launch_server`")
         self._backend = Backend(self.server_args)
         try:
             self._manager = TokenizerManager(

@@ -14,9 +14,12 @@ T = TypeVar("T")
 
 
 class Sender(Generic[T]):
-    def __init__(self, ctx: zmq.Context, addr: str, bind: bool = False) -> None:
+    def __init__(self, ctx: zmq.Context, addr: str, bind: bool = False, timeout_ms: int = -1) -> None:
+        """timeout_ms: how long send() may wait for a peer (a bound PUSH with no peer
+        connected blocks); past it, send() raises zmq.Again. -1: forever."""
         self.sock = ctx.socket(zmq.PUSH)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDTIMEO, timeout_ms)
         self.sock.bind(addr) if bind else self.sock.connect(addr)
         self._enc = msgspec.msgpack.Encoder()
 
@@ -24,18 +27,32 @@ class Sender(Generic[T]):
         self.sock.send(self._enc.encode(msg), copy=False)
 
 
+class PeerLost(Exception):
+    """A watched connection's peer went away."""
+
+
 class Receiver(Generic[T]):
-    def __init__(self, ctx: zmq.Context, addr: str, msg_type: Any, bind: bool = True) -> None:
+    def __init__(self, ctx: zmq.Context, addr: str, msg_type: Any, bind: bool = True, watch_peer: bool = False) -> None:
+        """watch_peer (with bind=False over tcp): recv() raises PeerLost once the established
+        session to the peer closes, e.g. when node 0 of a multi-node server goes away."""
         self.sock = ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(addr) if bind else self.sock.connect(addr)
         self._dec = msgspec.msgpack.Decoder(msg_type)
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if watch_peer else None
+        if self._monitor is not None:
+            self._poller.register(self._monitor, zmq.POLLIN)
 
     def recv(self, timeout_ms: int | None = None) -> T | None:
         """Block until a message arrives; None if timeout_ms passes first."""
-        if timeout_ms is not None and not self.sock.poll(timeout_ms):
-            return None
-        return self._dec.decode(self.sock.recv(copy=False).buffer)
+        events = dict(self._poller.poll(timeout_ms))
+        if self.sock in events:  # a message that arrived before the peer left is still delivered
+            return self._dec.decode(self.sock.recv(copy=False).buffer)
+        if self._monitor is not None and self._monitor in events:
+            raise PeerLost(self.sock.getsockopt_string(zmq.LAST_ENDPOINT))
+        return None
 
     def recv_nowait(self) -> T | None:
         return self.recv(timeout_ms=0)

@@ -2,7 +2,8 @@
 
 Binds the port first (so a busy port fails at once), starts the scheduler and
 workers, serves until SIGINT/SIGTERM or until a child dies, then stops every
-process. Exits non-zero, with the reason logged, when a child died.
+process. Exits non-zero, with the reason logged, when a child died. With
+--nnodes N, node 0 serves and nodes 1..N-1 run only their worker ranks.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 
 from radixrt.cli_args import add_server_args, server_args_from
 from radixrt.config import ServerArgs
@@ -103,6 +105,28 @@ def run_server(args: ServerArgs) -> int:
     return 0
 
 
+def run_worker_node(args: ServerArgs) -> int:
+    """Node k > 0 of a multi-node server: only its tensor-parallel ranks, no HTTP. Runs until
+    node 0 shuts them down (exit 0), a rank dies (exit 1), or SIGINT/SIGTERM (exit 0)."""
+    from radixrt.server.launcher import Backend
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    backend = Backend(args)
+    print(f"radixrt node {args.node_rank} ready: its ranks joined node 0 at {args.dist_init_addr}", flush=True)
+    why = None
+    try:
+        while not stop.wait(WATCHDOG_PERIOD_S) and why is None:
+            why = backend.check_alive()
+    finally:
+        backend.shutdown(timeout=0.0 if stop.is_set() else 5.0)
+    if why is not None and any(p.exitcode != 0 for p in backend.processes):
+        logger.error("exiting: %s", why)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixrt launch_server", description="Serve a model over HTTP.")
     add_server_args(parser)
@@ -112,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return run_server(args)
+    return run_server(args) if args.node_rank == 0 else run_worker_node(args)
 
 
 if __name__ == "__main__":

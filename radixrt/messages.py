@@ -125,7 +125,26 @@ class ForwardBatch(msgspec.Struct, tag=True):
     copy_dst: list[int] = []
 
 
-SchedulerToWorker = Union[ForwardBatch, Shutdown]
+class KVMove(msgspec.Struct, array_like=True):
+    """Copy whole KV pages between tiers; moves run in the order sent.
+
+    kind: d2h (device pages src -> host pages dst), h2d (host src -> device dst),
+    h2disk / d2disk (host or device src -> files keys), disk2d (files keys -> device dst),
+    drop (delete files keys)."""
+
+    kind: str
+    src: list[int] = []
+    dst: list[int] = []
+    keys: list[str] = []
+
+
+class KVMoves(msgspec.Struct, tag=True):
+    """Sent before the ForwardBatch whose pages they fill or free (and at shutdown)."""
+
+    moves: list[KVMove]
+
+
+SchedulerToWorker = Union[ForwardBatch, KVMoves, Shutdown]
 
 # -- worker -> scheduler -----------------------------------------------------
 
@@ -141,6 +160,7 @@ class BatchResult(msgspec.Struct, tag=True):
     step: int
     next_ids: list[int]  # one per entry with sample=True, in entry order
     logprobs: list[EntryLogprobs | None] = []  # one per entry when any asked
+    move_seconds: float = 0.0  # spent on KVMoves since the last result
 
 
 # -- readiness (children -> launcher) -----------------------------------------
@@ -153,6 +173,10 @@ class WorkerReady(msgspec.Struct, tag=True):
     context_length: int
     eos_ids: list[int]
     bytes_per_token: int
+    page_bytes: int = 0  # one page of one rank, all buffers
+    host_pages: int = 0  # the host tier / swap pool (0: none)
+    disk_dir: str = ""  # the disk tier's directory for this model ("" : none)
+    disk_pages: int = 0
 
 
 class SchedulerReady(msgspec.Struct, tag=True):

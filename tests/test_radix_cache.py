@@ -83,7 +83,14 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 6))
     def evict(self, n):
         leaves = sorted((x for x in nodes(self.cache) if x.is_leaf and x.lock_ref == 0), key=lambda x: (x.last_access, x.id))
-        freed = self.cache.evict(n)
+        seen = []  # what the sink is told: each leaf's whole sequence, before the leaf goes
+        freed = self.cache.evict(n, sink=lambda leaf: seen.append((self.cache.sequence_of(leaf), list(leaf.pages), len(leaf.key))))
+        assert [p for _, pages, _ in seen for p in pages] == freed
+        for (namespace, tokens), pages, key_len in seen:
+            assert namespace is None and len(tokens) % self.ps == key_len % self.ps
+            first = (len(tokens) - key_len) // self.ps  # the leaf's first page in its sequence
+            for i, page in enumerate(pages[: key_len // self.ps]):
+                assert self.model[tuple(tokens[: (first + i + 1) * self.ps])] == page
         if leaves:
             assert freed[: len(leaves[0].pages)] == leaves[0].pages, "not the least recently used unlocked leaf"
         assert len(freed) >= min(n, 1 if leaves else 0)
@@ -111,6 +118,12 @@ class RadixMachine(RuleBasedStateMachine):
             assert x.lock_ref == pins
         leaves = {x.id for x in all_nodes if x.is_leaf and x.lock_ref == 0}
         assert {x.id for x in self.cache._leaves} == leaves
+        walked = list(self.cache.sequences())  # every node once, parents first, with its whole sequence
+        assert sorted(x.id for _, _, x in walked) == sorted(x.id for x in all_nodes)
+        for _, tokens, x in walked:
+            assert (None, tokens) == self.cache.sequence_of(x)
+            if len(x.key) % self.ps == 0:
+                assert self.model[tuple(tokens)] == x.pages[-1]
 
 
 def _on_path(x, node) -> bool:

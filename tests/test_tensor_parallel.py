@@ -3,8 +3,11 @@ transformers through the Engine and the server, and a dead or hung rank ending t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,7 +18,7 @@ from helpers import all_gone, corpus_prompts, hf_greedy
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
-from server_proc import child_pids, running_server, spawned_children
+from server_proc import child_pids, free_port, running_server, spawned_children, stop
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0}
 
@@ -106,3 +109,52 @@ def test_a_hung_rank_trips_the_watchdog(llama_path):
         log = proc.stdout.read()
         assert "no answer from the workers" in log
         assert all_gone(children)
+
+
+@contextlib.contextmanager
+def second_node(path, *common: str):
+    """Node 1 of a two-node server on this machine: `launch_server --node-rank 1`."""
+    cmd = [sys.executable, "-m", "radixrt.launch_server", "--model-path", str(path), *common,
+           "--node-rank", "1", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield proc
+    finally:
+        stop(proc)
+
+
+def two_node_args() -> tuple[str, ...]:
+    dist = f"127.0.0.1:{free_port()}"
+    return ("--tp-size", "2", "--nnodes", "2", "--dist-init-addr", dist, "--page-size", "16", "--max-total-tokens", "4096")
+
+
+def test_two_nodes_on_loopback_give_the_tokens_of_one(llama_path):
+    """Rank 1 in another `launch_server --node-rank 1`, meeting node 0 over tcp only; node 0's
+    graceful stop ends node 1 cleanly."""
+    prompts = corpus_prompts(llama_path, [15, 120], seed=24)
+    common = two_node_args()
+    with second_node(llama_path, *common) as node1:
+        with running_server(llama_path, *common) as (url, proc):
+            got = requests.post(url + "/generate", json={"input_ids": prompts, "sampling_params": GREEDY}, timeout=60).json()
+            info = requests.get(url + "/get_server_info", timeout=10).json()
+            workers = spawned_children(node1.pid)
+        assert node1.wait(30) == 0, node1.stdout.read()
+        assert all_gone(workers)
+    assert info["nnodes"] == 2 and info["tp_size"] == 2 and len(workers) == 1
+    assert [r["output_ids"] for r in got] == [hf_greedy(llama_path, p, GREEDY["max_new_tokens"]) for p in prompts]
+
+
+def test_a_killed_node0_ends_node1(llama_path):
+    common = two_node_args()
+    with second_node(llama_path, *common) as node1:
+        with running_server(llama_path, *common) as (url, proc):
+            workers = spawned_children(node1.pid)
+            os.kill(proc.pid, signal.SIGKILL)  # its children die with it; node 1's rank loses its link
+            assert node1.wait(30) == 1
+            assert "lost the scheduler" in node1.stdout.read()
+            assert all_gone(workers)
+
+
+def test_node_rank_above_zero_is_not_an_engine(llama_path):
+    with pytest.raises(ValueError, match="launch_server"):
+        radixrt.Engine(model_path=str(llama_path), tp_size=2, nnodes=2, node_rank=1, dist_init_addr="127.0.0.1:29500")

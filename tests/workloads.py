@@ -54,3 +54,16 @@ def chat_turn_user_tokens(corpus: list[int], conversations: int, turns: int, see
             conv.append(corpus[start : start + rng.randint(20, 60)])
         out.append(conv)
     return out
+
+
+def cycling_documents(corpus: list[int], n_docs: int, doc_len: int, questions: int, seed: int = 0) -> list[list[list[int]]]:
+    """[document][question] -> prompt: distinct documents, each asked a few short questions;
+    run document by document, pass after pass, more documents than a small pool holds."""
+    rng = random.Random(seed)
+    step = (len(corpus) - 64) // n_docs
+    groups = []
+    for d in range(n_docs):
+        doc = corpus[d * step : d * step + doc_len]
+        starts = [rng.randrange(0, len(corpus) - 32) for _ in range(questions)]
+        groups.append([doc + corpus[s : s + rng.randint(6, 16)] for s in starts])
+    return groups

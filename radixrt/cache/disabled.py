@@ -29,7 +29,7 @@ class NoPrefixCache:
     def unlock(self, node: Node) -> None:
         pass
 
-    def evict(self, num_pages: int) -> list[int]:
+    def evict(self, num_pages: int, sink=None) -> list[int]:
         return []
 
     def reset(self) -> list[int]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 from sortedcontainers import SortedList
 
@@ -68,6 +69,7 @@ class RadixCache:
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
         self.roots: dict[str | None, Node] = {}
+        self._namespace_of: dict[int, str | None] = {}  # root id -> namespace
         self._leaves = SortedList(key=lambda n: (n.last_access, n.id))  # evictable leaves, LRU first
         self.total_pages = 0
         self.evictable_pages = 0  # pages of nodes with lock_ref == 0
@@ -77,8 +79,27 @@ class RadixCache:
 
     def root(self, namespace: str | None = None) -> Node:
         if namespace not in self.roots:
-            self.roots[namespace] = Node([], [], None, id=next(self._ids))
+            self.roots[namespace] = root = Node([], [], None, id=next(self._ids))
+            self._namespace_of[root.id] = namespace
         return self.roots[namespace]
+
+    def sequence_of(self, node: Node) -> tuple[str | None, list[int]]:
+        """node's namespace and its whole token sequence from the root (its key is the tail)."""
+        keys = []
+        while node.parent is not None:
+            keys.append(node.key)
+            node = node.parent
+        return self._namespace_of[node.id], [t for key in reversed(keys) for t in key]
+
+    def sequences(self) -> Iterator[tuple[str | None, list[int], Node]]:
+        """Every node with its namespace and whole token sequence, parents before children."""
+        for namespace, root in self.roots.items():
+            stack = [(root, [])]
+            while stack:
+                node, tokens = stack.pop()
+                for child in node.children.values():
+                    yield namespace, tokens + child.key, child
+                    stack.append((child, tokens + child.key))
 
     def match_prefix(self, tokens: list[int], namespace: str | None = None, touch: bool = True) -> MatchResult:
         """The longest cached page-aligned prefix of tokens, plus a partial next page."""
@@ -211,10 +232,13 @@ class RadixCache:
 
     # -- eviction ------------------------------------------------------------------
 
-    def evict(self, num_pages: int) -> list[int]:
-        """Free at least num_pages (if that many are evictable), LRU unlocked leaves first."""
+    def evict(self, num_pages: int, sink: Callable[[Node], None] | None = None) -> list[int]:
+        """Free at least num_pages (if that many are evictable), LRU unlocked leaves first.
+        sink, if given, sees each leaf before it leaves the tree (to keep its KV elsewhere)."""
         freed: list[int] = []
         while len(freed) < num_pages and self._leaves:
+            if sink is not None:
+                sink(self._leaves[0])
             freed += self._remove_leaf(self._leaves[0])
         self.evicted_pages += len(freed)
         return freed
@@ -236,6 +260,7 @@ class RadixCache:
             raise RuntimeError("cannot reset the prefix cache while requests hold parts of it")
         pages = self.evict(self.total_pages)
         self.roots.clear()
+        self._namespace_of.clear()
         return pages
 
 

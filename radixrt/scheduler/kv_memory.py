@@ -9,6 +9,11 @@ move into the cache, so concurrent and later requests hit them; when it
 leaves, everything it computed goes into the cache and it frees only what it
 still owns.
 
+With KVTiers (the hierarchical cache, or swap preemption), evicted cache leaves
+keep their KV in host memory or on disk, a match that stops in the tree goes on
+into those tiers and loads what they hold, and a retracted request may park
+its pages in host memory.
+
 Invariant: allocator free + cache total + every request's owned pages == pool.
 """
 
@@ -17,17 +22,21 @@ from __future__ import annotations
 import logging
 import math
 
-from radixrt.cache import MatchResult, NoPrefixCache, PageAllocator, PrefixCache, RadixCache
+from radixrt.cache import MatchResult, NoPrefixCache, Node, PageAllocator, PrefixCache, RadixCache
+from radixrt.cache.tier_index import page_keys
+from radixrt.messages import KVMove
+from radixrt.scheduler.kv_tiers import KVTiers
 from radixrt.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 
 
 class KVMemory:
-    def __init__(self, num_pages: int, page_size: int, use_cache: bool = True) -> None:
+    def __init__(self, num_pages: int, page_size: int, use_cache: bool = True, tiers: KVTiers | None = None) -> None:
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
         self.cache: PrefixCache = RadixCache(page_size) if use_cache else NoPrefixCache(page_size)
+        self.tiers = tiers
         self.copy_src: list[int] = []  # slot copies for the next batch (copy-on-write)
         self.copy_dst: list[int] = []
 
@@ -84,7 +93,7 @@ class KVMemory:
         """n free pages, evicting least-recently-used cache leaves if needed."""
         short = n - self.allocator.num_free
         if short > 0:
-            freed = self.cache.evict(short)
+            freed = self.cache.evict(short, sink=self._offload if self.tiers is not None else None)
             logger.debug("evicted %d cached pages", len(freed))
             self.allocator.free(freed)
         return self.allocator.alloc(n)
@@ -95,6 +104,84 @@ class KVMemory:
         delta = r.pages[r.pages_sent :]
         r.pages_sent = len(r.pages)
         return delta
+
+    def _offload(self, leaf: Node) -> None:
+        """An evicted leaf's full pages go down a tier (a partial leaf is only dropped)."""
+        if len(leaf.key) % self.page_size:
+            return
+        namespace, tokens = self.cache.sequence_of(leaf)
+        keys = page_keys(tokens, self.page_size, namespace)
+        self.tiers.offload(keys[len(keys) - len(leaf.pages) :], leaf.pages)
+
+    def extend_from_tiers(self, r: Req, m: MatchResult) -> MatchResult:
+        """Go on from a tree match into the lower tiers: load the pages they hold into
+        device pages, which join the tree (pinned, as m was). m is consumed."""
+        if self.tiers is None or not self.tiers.cache_on_host:
+            return m
+        ps, start = self.page_size, len(m.pages)
+        full = r.match_limit // ps
+        if full <= start:
+            return m
+        r.page_keys = page_keys(r.tokens(0, full * ps), ps, r.cache_salt, r.page_keys)
+        keys = r.page_keys[start:full]
+        n = min(self.tiers.hits(keys), self.available)
+        if n == 0:
+            return m
+        self.tiers.touch(keys[:n])
+        pages = self.alloc(n)
+        n = self.tiers.hits(keys[:n])  # allocating may have evicted some from a host tier with no disk below
+        self.allocator.free(pages[n:])
+        if n == 0:
+            return m
+        self.tiers.load(keys[:n], pages[:n])
+        res = self.cache.insert(r.tokens(0, (start + n) * ps), m.pages + pages[:n], r.cache_salt)
+        assert res.existing_pages == start, "the tree gained pages under a locked match"
+        self.allocator.free(res.released_pages)
+        self.cache.lock(res.node)
+        self.cache.unlock(m.node)
+        return MatchResult(m.pages + pages[:n], res.node)
+
+    def swap_out(self, r: Req) -> bool:
+        """Park r's KV in host memory before it is released; False if it does not fit."""
+        pages = r.pages[: math.ceil(r.kv_len / self.page_size)]
+        slots = self.tiers.swap_out(pages) if self.tiers is not None and pages else None
+        if slots is None:
+            return False
+        r.swap_slots, r.swapped_len = slots, r.kv_len
+        return True
+
+    def swap_in_pages(self, r: Req, n: int) -> int:
+        """Pages a swapped-out r needs to come back and run n more tokens."""
+        return math.ceil((r.swapped_len + n) / self.page_size)
+
+    def swap_in(self, r: Req) -> None:
+        """Bring a swapped-out r's KV back into fresh pages of its own."""
+        pages = self.alloc(len(r.swap_slots))
+        self.tiers.swap_in(r.swap_slots, pages)
+        r.pages, r.tree_pages, r.pages_sent, r.dup_pages, r.lock_node = pages, 0, 0, [], None
+        r.kv_len, r.swap_slots, r.swapped_len = r.swapped_len, [], 0
+
+    def drop_swap(self, r: Req) -> None:
+        """A swapped-out r leaves without coming back (aborted): free its host slots."""
+        self.tiers.host.release(r.swap_slots)
+        r.swap_slots, r.swapped_len = [], 0
+
+    def take_moves(self) -> list[KVMove]:
+        return self.tiers.take_moves() if self.tiers is not None else []
+
+    def persist(self) -> list[KVMove]:
+        """At shutdown: the moves that write every cached page to the disk tier."""
+        if self.tiers is None or not isinstance(self.cache, RadixCache):
+            return []
+        known: dict[int, list[str]] = {}
+        device: list[tuple[str, int]] = []
+        for namespace, tokens, node in self.cache.sequences():  # parents first
+            if len(node.key) % self.page_size:
+                continue  # a partial page has no key
+            keys = known[node.id] = page_keys(tokens, self.page_size, namespace, known.get(node.parent.id))
+            device += zip(keys[len(keys) - len(node.pages) :], node.pages)
+        self.tiers.persist(device)
+        return self.take_moves()
 
     def take_copies(self) -> tuple[list[int], list[int]]:
         out = (self.copy_src, self.copy_dst)

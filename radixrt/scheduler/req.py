@@ -25,6 +25,10 @@ class Req:
     dup_pages: list[int] = field(default_factory=list)  # our pages among those whose tokens the cache already had
     lock_node: Node | None = None  # deepest prefix-cache node this request pins
     kv_len: int = 0  # tokens whose KV is in `pages`
+    page_keys: list[str] = field(default_factory=list)  # content keys of leading full pages (lower tiers)
+    swap_slots: list[int] = field(default_factory=list)  # host slots holding its KV while swapped out
+    swapped_len: int = 0  # tokens of KV in swap_slots
+    recompute_len: int = 0  # tokens of KV it had when retracted to recompute
     cached_tokens: int = -1  # prompt tokens reused from the prefix cache at first admission (-1: not yet)
     slot: int | None = None  # worker slot while running
     slot_initialized: bool = False  # the worker has this request's sampling state

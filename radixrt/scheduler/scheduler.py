@@ -7,7 +7,8 @@ policy order, each starting from its longest cached prefix. A waiting request
 that shares a not-yet-cached prefix with one admitted this step waits a step,
 so the shared part is computed once and then hit. When pages run out, the cache
 evicts first; then the most recently admitted request is retracted (what it
-computed goes into the cache) and recomputed later, so nothing fails.
+computed goes into the cache) and recomputed later, or, by --preemption-mode,
+swapped to host memory and back, so nothing fails.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from radixrt.cache import MatchResult
 from radixrt.config import ServerArgs
 from radixrt.messages import (
     BatchEntry,
@@ -22,6 +24,7 @@ from radixrt.messages import (
     EntryLogprobs,
     FinishReason,
     ForwardBatch,
+    KVMove,
     LogprobSpec,
     ReqOutput,
     SlotInit,
@@ -30,6 +33,7 @@ from radixrt.messages import (
 )
 from radixrt.scheduler.budget import AdmissionBudget
 from radixrt.scheduler.kv_memory import KVMemory
+from radixrt.scheduler.kv_tiers import KVTiers
 from radixrt.scheduler.policy import SCHEDULE_POLICIES
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.stop import StopChecker
@@ -43,7 +47,11 @@ class Scheduler:
     def __init__(self, args: ServerArgs, worker: WorkerReady, tokenizer: Any) -> None:
         self.args = args
         self.page_size = worker.page_size
-        self.mem = KVMemory(worker.num_pages, worker.page_size, use_cache=not args.disable_radix_cache)
+        tiers = None
+        if worker.host_pages:
+            tiers = KVTiers(worker.host_pages, args.enable_hierarchical_cache, worker.disk_dir, worker.disk_pages)
+        self.mem = KVMemory(worker.num_pages, worker.page_size, use_cache=not args.disable_radix_cache, tiers=tiers)
+        self.bytes_per_token = worker.bytes_per_token
         self.stop = StopChecker(tokenizer, worker.eos_ids, worker.context_length)
         self.policy = SCHEDULE_POLICIES[args.schedule_policy]
         self.budget = AdmissionBudget(worker.page_size)
@@ -55,7 +63,10 @@ class Scheduler:
         self.outbox: list[ReqOutput] = []
         self.step_no = 0
         self.admissions = 0
-        self.counters = dict.fromkeys(("retractions", "prompt_tokens", "cached_prompt_tokens"), 0)
+        self.counters = dict.fromkeys(
+            ("retractions", "prompt_tokens", "cached_prompt_tokens", "swaps_out", "swaps_in", "recomputed_tokens"), 0
+        )
+        self.tier_move_seconds = 0.0
 
     @property
     def idle(self) -> bool:
@@ -129,6 +140,15 @@ class Scheduler:
         for r in self.policy(self.waiting, self.mem.prefix_len):
             if token_budget <= 0 or not self.free_slots:
                 break
+            if r.swap_slots:  # swapped out: its KV comes back from host memory
+                n = min(r.seq_len - r.swapped_len, token_budget)
+                if self.mem.swap_in_pages(r, n) + reserve > self.mem.available:
+                    break
+                self._admit(r, None)
+                entries.append(self._entry(r, n))
+                token_budget -= n
+                reserve += self.budget.reserve_pages([r])
+                continue
             m = self.mem.match(r)
             matched = len(m.pages) * self.page_size + m.partial_len
             n = min(r.seq_len - matched, token_budget)
@@ -138,6 +158,8 @@ class Scheduler:
             if self.mem.admission_pages(m, n) + reserve > self.mem.available:
                 self.mem.unlock_match(m)
                 break
+            m = self.mem.extend_from_tiers(r, m)  # needs no more pages than computing those tokens would
+            n = min(r.seq_len - len(m.pages) * self.page_size - m.partial_len, token_budget)
             self._admit(r, m)
             computing.append(r)
             entries.append(self._entry(r, n))
@@ -167,13 +189,20 @@ class Scheduler:
         self._finish(r, FinishReason("abort", message=f"the prompt needs more KV pages than the pool's {pool}"))
         return r
 
-    def _admit(self, r: Req, m) -> None:
+    def _admit(self, r: Req, m: MatchResult | None) -> None:
+        """Into the running batch from its match, or (m None) back from swap."""
         self.waiting.remove(r)
-        self.mem.admit(r, m)
+        if m is None:
+            self.mem.swap_in(r)
+            self.counters["swaps_in"] += 1
+        else:
+            self.mem.admit(r, m)
         if r.cached_tokens < 0:  # first admission: count the hit
             r.cached_tokens = r.kv_len
             self.counters["prompt_tokens"] += r.prompt_len
             self.counters["cached_prompt_tokens"] += r.kv_len
+        self.counters["recomputed_tokens"] += max(0, r.recompute_len - r.kv_len)
+        r.recompute_len = 0
         r.slot = self.free_slots.pop()
         r.slot_initialized = False
         self.admissions += 1
@@ -207,6 +236,7 @@ class Scheduler:
 
     def process(self, batch: BatchResult) -> None:
         """Apply the worker's result for the batch in flight."""
+        self.tier_move_seconds += batch.move_seconds
         ids = iter(batch.next_ids)
         for i, (r, n) in enumerate(self.inflight):
             lp = batch.logprobs[i] if batch.logprobs else None
@@ -256,6 +286,8 @@ class Scheduler:
         self.outbox.append(ReqOutput(r.rid, [], reason, r.prompt_len, max(r.cached_tokens, 0)))
         if r in self.running:
             self._release(r)
+        elif r.swap_slots:
+            self.mem.drop_swap(r)
 
     def _release(self, r: Req) -> None:
         self.mem.release(r)
@@ -265,15 +297,29 @@ class Scheduler:
         r.slot = None
 
     def _retract(self, r: Req) -> None:
-        """Give r's pages back and queue it first; it will recompute prompt + output so far."""
-        logger.info("retracting %s (%d tokens) to free KV pages", r.rid, r.seq_len)
+        """Give r's pages back and queue it first: swapped to host memory (by --preemption-mode),
+        or to recompute prompt + output so far (what the prefix cache still holds is reused)."""
+        swapped = self._swaps(r) and r.sampling.max_new_tokens > 0 and self.mem.swap_out(r)
+        logger.info("retracting %s (%d tokens, %s) to free KV pages", r.rid, r.seq_len, "swapped" if swapped else "to recompute")
+        if swapped:
+            self.counters["swaps_out"] += 1
+        else:
+            r.recompute_len = r.kv_len
         self._release(r)
         r.kv_len = 0
-        if not r.prompt_logprobs_sent:
+        if not r.prompt_logprobs_sent and not swapped:
             r.input_logprobs, r.input_top = [], []
         self.waiting.insert(0, r)
         self.counters["retractions"] += 1
         self.budget.on_retract()
+
+    def _swaps(self, r: Req) -> bool:
+        mode = self.args.preemption_mode
+        return mode == "swap" or (mode == "auto" and r.kv_len >= self.args.swap_min_tokens)
+
+    def take_moves(self) -> list[KVMove]:
+        """Tier moves the next batch depends on (send them first)."""
+        return self.mem.take_moves()
 
     def stats(self) -> dict[str, int | float]:
         cache, alloc = self.mem.cache, self.mem.allocator
@@ -288,5 +334,8 @@ class Scheduler:
             "running": len(self.running),
             "waiting": len(self.waiting),
             "cache_hit_rate": self.counters["cached_prompt_tokens"] / prompt if prompt else 0.0,
+            "bytes_per_token": self.bytes_per_token,
+            "tier_move_seconds": self.tier_move_seconds,
+            **(self.mem.tiers.stats() if self.mem.tiers is not None else {}),
             **self.counters,
         }

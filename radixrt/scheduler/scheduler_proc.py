@@ -12,6 +12,7 @@ from radixrt.messages import (
     AbortRequest,
     BatchResult,
     ChildFailed,
+    KVMoves,
     ControlReply,
     ControlRequest,
     FrontendMsg,
@@ -32,7 +33,11 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
     ctx = zmq.Context()
     ready: Sender[ReadyMsg] = Sender(ctx, addrs.ready)
     inbox: Receiver[FrontendMsg] = Receiver(ctx, addrs.scheduler_in, FrontendMsg)
-    to_workers: list[Sender[SchedulerToWorker]] = [Sender(ctx, addrs.worker_in_for(r)) for r in range(args.tp_size)]
+    # Bound here, connected by the ranks: a send waits at most the watchdog time for a rank to be there.
+    timeout_ms = int(args.watchdog_timeout * 1000)
+    to_workers: list[Sender[SchedulerToWorker]] = [
+        Sender(ctx, addrs.worker_in_bind(r), bind=True, timeout_ms=timeout_ms) for r in range(args.tp_size)
+    ]
     from_worker: Receiver[BatchResult] = Receiver(ctx, addrs.worker_out, BatchResult)
     outbox: Sender[SchedulerToFrontend] = Sender(ctx, addrs.frontend_in)
     try:
@@ -52,8 +57,10 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
         msg = inbox.recv(timeout_ms=None if sched.idle else 0)
         while msg is not None:
             if isinstance(msg, Shutdown):
-                for w in to_workers:
-                    w.send(Shutdown())
+                persist = sched.mem.persist()  # the disk tier keeps what the cache holds, for the next run
+                if persist:
+                    send_all(to_workers, KVMoves(persist))
+                send_all(to_workers, Shutdown())
                 return
             if isinstance(msg, TokenizedRequest):
                 sched.add_request(msg)
@@ -64,10 +71,12 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
                 outbox.send(ControlReply(msg.query_id, sched.stats(), error))
             msg = inbox.recv_nowait()
         batch = sched.schedule()
+        moves = sched.take_moves()
+        if moves:  # pages the batch reads or frees move between tiers first
+            send_all(to_workers, KVMoves(moves))
         if batch is not None:
-            for w in to_workers:  # every rank runs every step
-                w.send(batch)
-            result = from_worker.recv(timeout_ms=int(args.watchdog_timeout * 1000))
+            send_all(to_workers, batch)  # every rank runs every step
+            result = from_worker.recv(timeout_ms=timeout_ms)
             if result is None:
                 logging.error("step %d got no answer from the workers within %.0f s; giving up", batch.step, args.watchdog_timeout)
                 raise SystemExit(3)
@@ -75,3 +84,12 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
         outputs = sched.take_outputs()
         if outputs:
             outbox.send(TokenBatchOut(outputs))
+
+
+def send_all(to_workers: list[Sender[SchedulerToWorker]], msg: SchedulerToWorker) -> None:
+    for rank, w in enumerate(to_workers):
+        try:
+            w.send(msg)
+        except zmq.Again:
+            logging.error("worker rank %d is not connected (no peer within the watchdog timeout); giving up", rank)
+            raise SystemExit(3) from None

@@ -33,20 +33,30 @@ def free_port() -> int:
 
 
 class Backend:
+    """This node's processes: its tensor-parallel ranks, and on node 0 the scheduler.
+
+    With nnodes > 1, node k runs ranks [k * tp / nnodes, (k + 1) * tp / nnodes); they
+    meet node 0's ranks at dist_init_addr and take their steps from node 0's scheduler.
+    """
+
     def __init__(self, args: ServerArgs) -> None:
         self._dir = tempfile.mkdtemp(prefix="radixrt-")
-        self.addrs = Addresses.in_dir(self._dir, free_port() if args.tp_size > 1 else 0)
+        dist_init = args.dist_init_addr or f"127.0.0.1:{free_port() if args.tp_size > 1 else 0}"
+        self.addrs = Addresses.in_dir(self._dir, dist_init, multi_node=args.nnodes > 1)
         self._ctx = zmq.Context()
         self._ready: Receiver[ReadyMsg] = Receiver(self._ctx, self.addrs.ready, ReadyMsg)
         self.processes: list[mp.process.BaseProcess] = []
         spawn = mp.get_context("spawn")
+        per_node = args.tp_size // args.nnodes
+        ranks = range(args.node_rank * per_node, (args.node_rank + 1) * per_node)
         try:
-            for rank in range(args.tp_size):
+            for rank in ranks:
                 self._start(spawn, f"radixrt-worker-{rank}", run_worker, (args, self.addrs, os.getpid(), rank))
             # every rank reports; they agreed on one pool, so any report describes them all
-            self.worker: WorkerReady = [self._wait_ready(WorkerReady) for _ in range(args.tp_size)][0]
-            self._start(spawn, "radixrt-scheduler", run_scheduler, (args, self.addrs, self.worker, os.getpid()))
-            self._wait_ready(SchedulerReady)
+            self.worker: WorkerReady = [self._wait_ready(WorkerReady) for _ in ranks][0]
+            if args.node_rank == 0:
+                self._start(spawn, "radixrt-scheduler", run_scheduler, (args, self.addrs, self.worker, os.getpid()))
+                self._wait_ready(SchedulerReady)
         except BaseException:
             self.shutdown(timeout=2.0)
             raise

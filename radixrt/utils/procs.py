@@ -16,22 +16,42 @@ PR_SET_PDEATHSIG = 1
 
 @dataclass(frozen=True)
 class Addresses:
-    """ipc:// endpoints; each is bound by its receiver."""
+    """Endpoints of one node's processes. Each ipc:// endpoint is bound by its
+    receiver, except the scheduler -> worker channels, which the scheduler binds
+    (so ranks on other nodes can reach node 0 knowing only dist_init_addr)."""
 
     scheduler_in: str  # frontend -> scheduler
     worker_in: str  # scheduler -> worker rank r: worker_in_for(r)
     worker_out: str  # worker rank 0 -> scheduler
     frontend_in: str  # scheduler -> frontend
-    ready: str  # children -> launcher
-    dist_init: str = ""  # torch.distributed rendezvous of the tensor-parallel ranks
+    ready: str  # children -> this node's launcher
+    dist_init: str = ""  # torch.distributed rendezvous of the tensor-parallel ranks (tcp://host:port)
 
     @classmethod
-    def in_dir(cls, d: str | Path, dist_port: int = 0) -> Addresses:
+    def in_dir(cls, d: str | Path, dist_init_addr: str, multi_node: bool = False) -> Addresses:
+        """Node-local ipc endpoints; with multi_node, the worker channels are tcp ports of
+        node 0 just above dist_init_addr's (port + 1 + rank)."""
         names = ("scheduler_in", "worker_in", "worker_out", "frontend_in", "ready")
-        return cls(*(f"ipc://{Path(d) / n}" for n in names), dist_init=f"tcp://127.0.0.1:{dist_port}")
+        addrs = {n: f"ipc://{Path(d) / n}" for n in names}
+        if multi_node:
+            addrs["worker_in"] = f"tcp://{dist_init_addr}"
+        return cls(**addrs, dist_init=f"tcp://{dist_init_addr}")
+
+    @property
+    def multi_node(self) -> bool:
+        return self.worker_in.startswith("tcp://")
 
     def worker_in_for(self, rank: int) -> str:
+        """Where worker `rank` connects for its steps."""
+        if self.multi_node:
+            host, port = self.worker_in.removeprefix("tcp://").rsplit(":", 1)
+            return f"tcp://{host}:{int(port) + 1 + rank}"
         return f"{self.worker_in}_{rank}"
+
+    def worker_in_bind(self, rank: int) -> str:
+        """Where the scheduler binds rank's channel (every interface, on tcp)."""
+        addr = self.worker_in_for(rank)
+        return f"tcp://*:{addr.rsplit(':', 1)[1]}" if self.multi_node else addr
 
 
 def configure_child(args: ServerArgs, name: str, parent_pid: int) -> None:

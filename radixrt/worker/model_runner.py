@@ -1,24 +1,30 @@
 """ModelRunner: turns one ForwardBatch into one model forward, sampled ids and logprobs.
 
 Owns the model, the paged KV cache, the per-slot page tables (grown by the
-deltas the scheduler sends) and the sampler. The per-step work here is tensor
-building from the batch (O(batch) Python), the forward, and sampling.
+deltas the scheduler sends), the sampler and, on CUDA with FlashInfer, the
+decode CUDA graphs (cuda_graph.py). The per-step work here is tensor building
+from the batch (O(batch) Python), the forward (replayed from a graph for decode
+batches up to the largest captured size), and sampling.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 
 import torch
 
 from radixrt.config import ServerArgs
 from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend, default_attention_backend
-from radixrt.messages import BatchEntry, BatchResult, EntryLogprobs, ForwardBatch, WorkerReady
+from radixrt.kernels.flashinfer_backend import FlashInferBackend
+from radixrt.messages import BatchEntry, BatchResult, EntryLogprobs, ForwardBatch, KVMove, WorkerReady
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
+from radixrt.worker.cuda_graph import DecodeGraphRunner, capture_sizes
 from radixrt.worker.kv_pool import plan_num_pages
+from radixrt.worker.kv_tiers import KVTierStore, plan_host_pages, prepare_disk_dir, weights_fingerprint
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
 from radixrt.worker.sampler import Sampler
 
@@ -37,8 +43,8 @@ def init_tensor_parallel(args: ServerArgs, rank: int, dist_init: str, device: to
         return TPGroup()
     backend = "nccl" if device.type == "cuda" else "gloo"
     torch.distributed.init_process_group(backend, init_method=dist_init, rank=rank, world_size=args.tp_size)
-    if device.type == "cpu":  # the ranks share the host's cores
-        torch.set_num_threads(max(1, torch.get_num_threads() // args.tp_size))
+    if device.type == "cpu":  # a node's ranks share its cores
+        torch.set_num_threads(max(1, torch.get_num_threads() // (args.tp_size // args.nnodes)))
     return TPGroup(rank, args.tp_size)
 
 
@@ -46,7 +52,7 @@ class ModelRunner:
     def __init__(self, args: ServerArgs, rank: int = 0, dist_init: str = "") -> None:
         self.device = device = resolve_device(args.device)
         if device.type == "cuda":
-            torch.cuda.set_device(rank)
+            torch.cuda.set_device(rank % (args.tp_size // args.nnodes))  # the rank's GPU on its node
         self.tp = init_tensor_parallel(args, rank, dist_init, device)
         torch.manual_seed(args.random_seed)  # unseeded sampling draws from this
         self.cfg = cfg = ModelConfig.from_dir(args.model_path)
@@ -58,10 +64,13 @@ class ModelRunner:
             )
         self.model = load_model(args.model_path, cfg, dtype, device, self.tp)
         _, heads, _, kv_heads = rank_heads(cfg, self.tp)
-        self.bytes_per_token = PagedKVCache.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype)
+        self.bytes_per_token = PagedKVCache.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype, args.kv_cache_dtype)
         ranks_per_memory = self.tp.size if device.type == "cpu" else 1  # CPU ranks share the host's RAM
         num_pages = self._agree(plan_num_pages(args, self.bytes_per_token * ranks_per_memory, device))
-        self.cache = PagedKVCache(cfg.num_layers, num_pages, args.page_size, kv_heads, cfg.head_dim, dtype, device)
+        self.cache = PagedKVCache(
+            cfg.num_layers, num_pages, args.page_size, kv_heads, cfg.head_dim, dtype, device, args.kv_cache_dtype
+        )
+        self.tiers = self._tier_store(args, rank, dtype)
         backend = args.attention_backend or default_attention_backend(device.type)
         self.attn = create_attention_backend(backend, self.cache, heads, cfg.head_dim, cfg.head_dim**-0.5)
         self.page_size = args.page_size
@@ -69,8 +78,37 @@ class ModelRunner:
         # page_table[slot, i]: the i-th page of the request on that slot
         self.page_table = torch.zeros(slots, math.ceil(self.context_length / args.page_size) + 1, dtype=torch.int64, device=device)
         self.pages_used = [0] * slots
+        self.graphs = self._capture_decode_graphs(args)
         self.sampler = Sampler(slots, cfg.vocab_size, device)
         logger.info("worker ready: %s on %s, %d pages of %d tokens", cfg.model_type, device, num_pages, args.page_size)
+
+    def _capture_decode_graphs(self, args: ServerArgs) -> DecodeGraphRunner | None:
+        """CUDA graphs need FlashInfer's fixed-buffer decode wrappers; every rank captures the same sizes."""
+        if args.disable_cuda_graph or self.device.type != "cuda" or not isinstance(self.attn, FlashInferBackend):
+            return None
+        start = time.perf_counter()
+        sizes = capture_sizes(min(args.cuda_graph_max_bs, args.max_running_requests))
+        graphs = DecodeGraphRunner(self.model, self.attn, sizes, max_pages_per_req=self.page_table.shape[1])
+        logger.info("captured %d decode CUDA graphs (batch %d to %d) in %.1f s", len(sizes), sizes[0], sizes[-1],
+                    time.perf_counter() - start)
+        return graphs
+
+    def _tier_store(self, args: ServerArgs, rank: int, dtype: torch.dtype) -> KVTierStore | None:
+        """Host pages (hierarchical cache or swap space) and the disk tier, checked against what this machine has."""
+        page_bytes = self.bytes_per_token * args.page_size
+        host_pages = plan_host_pages(args, self.cache.num_pages, page_bytes, self.device)
+        if not host_pages:
+            return None
+        disk_dir, disk_pages = None, 0
+        if args.hicache_dir is not None:
+            disk_dir, disk_pages = prepare_disk_dir(args, weights_fingerprint(args, dtype), page_bytes)
+        logger.info("host KV tier: %d pages%s", host_pages, f"; disk tier: {disk_pages} pages in {disk_dir}" if disk_dir else "")
+        return KVTierStore(self.cache, host_pages, disk_dir, disk_pages, rank)
+
+    def move(self, moves: list[KVMove]) -> None:
+        """Run the scheduler's tier moves (before the forward that needs them)."""
+        assert self.tiers is not None, "KV tier moves without a host tier"
+        self.tiers.run(moves)
 
     def _agree(self, num_pages: int) -> int:
         """Every rank must hold the same pages: take the smallest pool any rank can afford."""
@@ -88,6 +126,8 @@ class ModelRunner:
             context_length=self.context_length,
             eos_ids=list(self.cfg.eos_ids),
             bytes_per_token=self.bytes_per_token,
+            page_bytes=self.bytes_per_token * self.page_size,
+            **(self.tiers.describe() if self.tiers is not None else {}),
         )
 
     @torch.inference_mode()
@@ -95,8 +135,11 @@ class ModelRunner:
         self._apply_slot_changes(batch)
         entries = batch.entries
         meta, input_ids, positions = self._prepare(entries)
-        self.attn.init_forward(meta)
-        hidden = self.model(input_ids, positions, self.attn)  # [T, hidden]
+        if self.graphs is not None and self.graphs.can_run(meta):
+            hidden = self.graphs.replay(meta, input_ids, positions)  # [T, hidden]
+        else:
+            self.attn.init_forward(meta)
+            hidden = self.model(input_ids, positions, self.attn)  # [T, hidden]
         rows = LogitRows.plan(entries)
         logits = self.model.compute_logits(hidden[rows.index(self.device)])  # [R, vocab] float32
         if self.tp.rank != 0:  # the others took part in the forward and the logits gather; rank 0 samples
@@ -105,7 +148,8 @@ class ModelRunner:
         next_ids = self.sampler.sample(sample_logits, [e.slot for e in entries if e.sample]) if rows.sample_pos else None
         ids = next_ids.tolist() if next_ids is not None else []
         logprobs: list[EntryLogprobs | None] = entry_logprobs(entries, rows, logits, ids) if rows.any_logprobs else []
-        return BatchResult(step=batch.step, next_ids=ids, logprobs=logprobs)
+        moved = self.tiers.take_seconds() if self.tiers is not None else 0.0
+        return BatchResult(step=batch.step, next_ids=ids, logprobs=logprobs, move_seconds=moved)
 
     def _apply_slot_changes(self, batch: ForwardBatch) -> None:
         for slot in batch.freed_slots:

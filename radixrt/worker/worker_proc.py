@@ -7,8 +7,8 @@ import logging
 import zmq
 
 from radixrt.config import ServerArgs
-from radixrt.ipc import Receiver, Sender
-from radixrt.messages import BatchResult, ChildFailed, ForwardBatch, ReadyMsg, SchedulerToWorker, Shutdown
+from radixrt.ipc import PeerLost, Receiver, Sender
+from radixrt.messages import BatchResult, ChildFailed, ForwardBatch, KVMoves, ReadyMsg, SchedulerToWorker, Shutdown
 from radixrt.utils.procs import Addresses, configure_child
 
 
@@ -17,7 +17,9 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 
     configure_child(args, f"worker{rank}", parent_pid)
     ctx = zmq.Context()
     ready: Sender[ReadyMsg] = Sender(ctx, addrs.ready)
-    inbox: Receiver[SchedulerToWorker] = Receiver(ctx, addrs.worker_in_for(rank), SchedulerToWorker)
+    inbox: Receiver[SchedulerToWorker] = Receiver(
+        ctx, addrs.worker_in_for(rank), SchedulerToWorker, bind=False, watch_peer=addrs.multi_node
+    )
     outbox: Sender[BatchResult] | None = Sender(ctx, addrs.worker_out) if rank == 0 else None
     try:
         from radixrt.worker.model_runner import ModelRunner
@@ -29,9 +31,16 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 
         raise SystemExit(1)
     ready.send(runner.ready_message())
     while True:
-        msg = inbox.recv()
+        try:
+            msg = inbox.recv()
+        except PeerLost as e:  # a rank on another node outlives node 0 only this long
+            logging.error("worker %d lost the scheduler at %s; exiting", rank, e)
+            raise SystemExit(1)
         if isinstance(msg, Shutdown):
             return
+        if isinstance(msg, KVMoves):
+            runner.move(msg.moves)
+            continue
         assert isinstance(msg, ForwardBatch)
         result = runner.forward(msg)
         if outbox is not None:

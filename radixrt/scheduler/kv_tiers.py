@@ -1,0 +1,164 @@
+"""KVTiers: the scheduler's side of the KV tiers below the device pool.
+
+Host memory holds pages by content key (radixrt/cache/tier_index.py), LRU; the
+disk tier below it likewise. The flow, as in a CPU cache hierarchy:
+
+  device leaf evicted -> offload: its full pages go to host (already there: touched)
+  host full           -> its LRU page spills to disk (disk full: disk's LRU is dropped)
+  a match that stops in the tree -> hits(): how many next pages host/disk hold;
+                         load(): copy them into fresh device pages (host keeps its copy)
+  swap_out / swap_in  -> a retracted request's pages to reserved host slots and back
+  persist             -> at shutdown, everything not yet on disk is written there
+
+Each decision appends a KVMove; the worker runs them in the same order before the
+next forward, so ordering hazards (a host slot spilled, then reused) resolve as
+they do here. Plain Python; the worker owns the bytes (radixrt/worker/kv_tiers.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from radixrt.cache.tier_index import TierIndex
+from radixrt.messages import KVMove
+
+DISK_SUFFIX = ".r0.kv"  # rank 0's file of a page stands for all ranks'
+MOVE_KINDS = ("d2h", "h2d", "h2disk", "d2disk", "disk2d", "drop")
+
+
+class KVTiers:
+    def __init__(self, host_pages: int, cache_on_host: bool, disk_dir: str = "", disk_pages: int = 0) -> None:
+        self.host = TierIndex(host_pages)
+        self.cache_on_host = cache_on_host  # False: the host pool only holds swapped requests
+        self.disk = TierIndex(disk_pages) if disk_dir else None
+        self.moves: list[KVMove] = []
+        self.counters = {f"pages_{k}": 0 for k in MOVE_KINDS}
+        self.counters.update(host_hit_pages=0, disk_hit_pages=0)
+        if self.disk is not None:
+            self._adopt_disk(Path(disk_dir))
+
+    def _adopt_disk(self, d: Path) -> None:
+        """Pages a previous run left on disk, oldest first; beyond capacity they are dropped."""
+        files = sorted(d.glob(f"*{DISK_SUFFIX}"), key=lambda f: f.stat().st_mtime)
+        for f in files:
+            key = f.name.removesuffix(DISK_SUFFIX)
+            slot = self.disk.take_free()
+            if slot is None:
+                old, slot = self.disk.pop_lru()
+                self._emit("drop", keys=[old])
+            self.disk.put(key, slot)
+        for tmp in d.glob("*.tmp*"):  # a write cut short by a crash
+            tmp.unlink(missing_ok=True)
+
+    def take_moves(self) -> list[KVMove]:
+        out, self.moves = self.moves, []
+        return out
+
+    def _emit(self, kind: str, src: list[int] = (), dst: list[int] = (), keys: list[str] = ()) -> None:
+        last = self.moves[-1] if self.moves else None
+        if last is not None and last.kind == kind:
+            last.src += src
+            last.dst += dst
+            last.keys += keys
+        else:
+            self.moves.append(KVMove(kind, list(src), list(dst), list(keys)))
+        self.counters[f"pages_{kind}"] += max(len(src), len(keys))
+
+    # -- pages going down -----------------------------------------------------
+
+    def offload(self, keys: list[str], device_pages: list[int]) -> None:
+        """Device pages about to be freed: keep their KV in host memory."""
+        if not self.cache_on_host:
+            return
+        for key, page in zip(keys, device_pages):
+            if key in self.host:
+                self.host.get(key)
+                continue
+            slot = self._host_slot()
+            if slot is None:  # every host slot is reserved by a swapped request
+                return
+            self.host.put(key, slot)
+            self._emit("d2h", [page], [slot])
+
+    def _host_slot(self) -> int | None:
+        """A free host slot, spilling the least recently used cached page to disk if needed."""
+        slot = self.host.take_free()
+        if slot is None and len(self.host):
+            key, slot = self.host.pop_lru()
+            self._to_disk(key, "h2disk", slot)
+        return slot
+
+    def _to_disk(self, key: str, kind: str, src: int) -> None:
+        if self.disk is None or self.disk.capacity == 0:
+            return
+        if key in self.disk:
+            self.disk.get(key)
+            return
+        slot = self.disk.take_free()
+        if slot is None:
+            old, slot = self.disk.pop_lru()
+            self._emit("drop", keys=[old])
+        self.disk.put(key, slot)
+        self._emit(kind, [src], keys=[key])
+
+    # -- pages coming back ----------------------------------------------------
+
+    def hits(self, keys: list[str]) -> int:
+        """How many of keys, from the first, a lower tier holds."""
+        n = 0
+        for key in keys:
+            if key not in self.host and (self.disk is None or key not in self.disk):
+                break
+            n += 1
+        return n
+
+    def touch(self, keys: list[str]) -> None:
+        """Make keys most recently used (so allocating their device pages does not spill them first)."""
+        for key in keys:
+            (self.host if key in self.host else self.disk).get(key)
+
+    def load(self, keys: list[str], device_pages: list[int]) -> None:
+        """Copy keys' pages (all held: see hits) into device_pages."""
+        for key, page in zip(keys, device_pages):
+            if key in self.host:
+                self._emit("h2d", [self.host.get(key)], [page])
+                self.counters["host_hit_pages"] += 1
+            else:
+                self.disk.get(key)
+                self._emit("disk2d", [], [page], [key])
+                self.counters["disk_hit_pages"] += 1
+
+    # -- preemption by swapping -------------------------------------------------
+
+    def swap_out(self, device_pages: list[int]) -> list[int] | None:
+        """Reserve host slots for a retracted request's pages and copy them there; None if they do not fit."""
+        if self.host.num_free + len(self.host) < len(device_pages):
+            return None
+        slots = [self._host_slot() for _ in device_pages]
+        self._emit("d2h", device_pages, slots)
+        return slots
+
+    def swap_in(self, slots: list[int], device_pages: list[int]) -> None:
+        self._emit("h2d", slots, device_pages)
+        self.host.release(slots)
+
+    # -- shutdown -------------------------------------------------------------------
+
+    def persist(self, device: list[tuple[str, int]]) -> None:
+        """Write what the device pool (key, page pairs) and host memory cache to disk."""
+        if self.disk is None:
+            return
+        for key, page in device:
+            self._to_disk(key, "d2disk", page)
+        for key in self.host.keys():
+            self._to_disk(key, "h2disk", self.host.get(key))
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "host_pages": self.host.capacity,
+            "host_cached_pages": len(self.host),
+            "host_swap_pages": self.host.capacity - self.host.num_free - len(self.host),
+            "disk_pages": self.disk.capacity if self.disk is not None else 0,
+            "disk_cached_pages": len(self.disk) if self.disk is not None else 0,
+            **self.counters,
+        }

@@ -1,0 +1,187 @@
+"""The KV tiers below the device pool, on the worker: a host-memory pool of pages and a
+disk directory of page files, and the moves between them and the device pool.
+
+The scheduler decides every move (radixrt/scheduler/kv_tiers.py) and sends them in
+order as KVMoves before the step that needs them; this module only copies bytes,
+in that order, so a slot written by one move and read by a later one is always
+right. A page is copied whole: every tensor of the pool's `buffers` (K and V
+values, and int8's scales), so quantized pages stay quantized in every tier.
+
+Disk files are `<key>.r<rank>.kv` (each tensor-parallel rank holds its own KV
+heads) under a directory named by the fingerprint of the weights, dtypes, page
+size and tp size: a different model never reads them. Writes go to a temporary
+name and are renamed into place, so a crash never leaves a half page readable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from radixrt.config import ServerArgs
+from radixrt.kernels import PagedKVCache
+from radixrt.messages import KVMove
+from radixrt.worker.kv_pool import available_host_bytes
+
+FINGERPRINT_SAMPLES = 16  # 64 KiB windows read from each weights file
+SAMPLE_BYTES = 64 << 10
+
+
+def weights_fingerprint(args: ServerArgs, dtype: torch.dtype) -> str:
+    """What makes KV reusable across runs: the weights (config, each safetensors header and
+    sampled windows of its bytes), the dtypes, the page size and the tensor-parallel split."""
+    h = hashlib.sha256()
+    root = Path(args.model_path)
+    h.update((root / "config.json").read_bytes())
+    for f in sorted(root.glob("*.safetensors")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as fh:
+            for i in range(FINGERPRINT_SAMPLES):
+                fh.seek(i * max(0, size - SAMPLE_BYTES) // max(1, FINGERPRINT_SAMPLES - 1))
+                h.update(fh.read(SAMPLE_BYTES))
+    h.update(json.dumps([str(dtype), args.kv_cache_dtype, args.page_size, args.tp_size]).encode())
+    return h.hexdigest()[:20]
+
+
+def plan_host_pages(args: ServerArgs, num_pages: int, page_bytes: int, device: torch.device) -> int:
+    """Pages of the host pool: the hierarchical cache's host tier, or swap space for preemption."""
+    if args.enable_hierarchical_cache:
+        name = "hicache_size" if args.hicache_size else "hicache_ratio"
+        size = args.hicache_size * 2**30 if args.hicache_size else num_pages * page_bytes * args.hicache_ratio
+    elif args.preemption_mode != "recompute":
+        name, size = "swap_space", args.swap_space * 2**30
+    else:
+        return 0
+    ranks_here = args.tp_size // args.nnodes
+    device_pool = num_pages * page_bytes if device.type == "cpu" else 0  # committed as it fills
+    free = available_host_bytes() - device_pool * ranks_here
+    if size * ranks_here > free:
+        raise ValueError(
+            f"{name}: the host KV tier needs {size * ranks_here / 2**30:.2f} GiB but only "
+            f"{max(free, 0) / 2**30:.2f} GiB of host memory is available"
+        )
+    pages = int(size // page_bytes)
+    if pages < 1:
+        raise ValueError(f"{name}: the host KV tier ({size / 2**20:.2f} MiB) is smaller than one page")
+    return pages
+
+
+def prepare_disk_dir(args: ServerArgs, fingerprint: str, page_bytes: int) -> tuple[Path, int]:
+    """The disk tier's directory for this model (created, checked writable) and its capacity in pages."""
+    d = Path(args.hicache_dir) / fingerprint
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / f".probe-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"hicache_dir {args.hicache_dir!r} is not writable: {e.strerror or e}") from None
+    held = sum(f.stat().st_size for f in d.glob("*.kv"))
+    size = args.hicache_disk_size * 2**30
+    if size > shutil.disk_usage(d).free + held:
+        raise ValueError(
+            f"hicache_disk_size {args.hicache_disk_size} GB does not fit: {shutil.disk_usage(d).free / 2**30:.2f} GiB "
+            f"free under {args.hicache_dir!r}"
+        )
+    return d, max(1, int(size // (page_bytes * args.tp_size)))
+
+
+class KVTierStore:
+    """Host pages mirroring the device pool's buffers, a disk directory, and the copies."""
+
+    def __init__(self, cache: PagedKVCache, host_pages: int, disk_dir: Path | None, disk_pages: int, rank: int) -> None:
+        self.cache = cache
+        self.host_pages, self.disk_pages = host_pages, disk_pages
+        self.device = cache.k[0].device
+        pin = self.device.type == "cuda"
+        # host[i]: [host_pages, *cache.buffers[i].shape[1:]], same dtype (quantized pages stay quantized)
+        self.host = [
+            torch.empty((host_pages, *b.shape[1:]), dtype=b.dtype, pin_memory=pin) for b in cache.buffers
+        ]
+        self.disk_dir = disk_dir
+        self.suffix = f".r{rank}.kv"
+        self._page_bytes = [math.prod(b.shape[1:]) * b.element_size() for b in cache.buffers]
+        self.seconds = 0.0  # spent moving since the last take_seconds()
+
+    def describe(self) -> dict[str, int | str]:
+        """The tiers' sizes, for the scheduler (WorkerReady fields)."""
+        return {"host_pages": self.host_pages, "disk_dir": str(self.disk_dir or ""), "disk_pages": self.disk_pages}
+
+    def take_seconds(self) -> float:
+        out, self.seconds = self.seconds, 0.0
+        return out
+
+    def run(self, moves: list[KVMove]) -> None:
+        start = time.perf_counter()
+        for m in moves:
+            getattr(self, f"_{m.kind}")(m)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds += time.perf_counter() - start
+
+    def _ids(self, ids: list[int], device: torch.device) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.int64, device=device)
+
+    def _d2h(self, m: KVMove) -> None:
+        src, dst = self._ids(m.src, self.device), self._ids(m.dst, torch.device("cpu"))
+        for h, d in zip(self.host, self.cache.buffers):
+            h[dst] = d[src].cpu()
+
+    def _h2d(self, m: KVMove) -> None:
+        src, dst = self._ids(m.src, torch.device("cpu")), self._ids(m.dst, self.device)
+        for h, d in zip(self.host, self.cache.buffers):
+            d[dst] = h[src].to(self.device)
+
+    def _h2disk(self, m: KVMove) -> None:
+        self._write_files([h[self._ids(m.src, torch.device("cpu"))] for h in self.host], m.keys)
+
+    def _d2disk(self, m: KVMove) -> None:
+        src = self._ids(m.src, self.device)
+        self._write_files([d[src].cpu() for d in self.cache.buffers], m.keys)
+
+    def _disk2d(self, m: KVMove) -> None:
+        pages = [self._read_file(key) for key in m.keys]  # per page: one tensor per buffer
+        dst = self._ids(m.dst, self.device)
+        for i, d in enumerate(self.cache.buffers):
+            d[dst] = torch.stack([p[i] for p in pages]).to(self.device)
+
+    def _drop(self, m: KVMove) -> None:
+        for key in m.keys:
+            self._path(key).unlink(missing_ok=True)
+
+    def _path(self, key: str) -> Path:
+        assert self.disk_dir is not None, "a disk move without a disk tier"
+        return self.disk_dir / f"{key}{self.suffix}"
+
+    def _write_files(self, tensors: list[torch.Tensor], keys: list[str]) -> None:
+        """tensors[i]: [len(keys), ...] pages of buffer i; one file per key."""
+        raw = [t.contiguous().view(torch.uint8).reshape(len(keys), -1).numpy() for t in tensors]
+        for j, key in enumerate(keys):
+            path = self._path(key)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            with tmp.open("wb") as f:
+                for r in raw:
+                    f.write(r[j].tobytes())
+            os.replace(tmp, path)
+
+    def _read_file(self, key: str) -> list[torch.Tensor]:
+        path = self._path(key)
+        try:
+            data = bytearray(path.read_bytes())
+        except OSError as e:
+            raise RuntimeError(f"the disk KV tier lost page file {path}: {e.strerror}") from None
+        if len(data) != sum(self._page_bytes):
+            raise RuntimeError(f"disk KV page {path} has {len(data)} bytes, expected {sum(self._page_bytes)}")
+        flat, out, pos = torch.frombuffer(data, dtype=torch.uint8), [], 0
+        for n, b in zip(self._page_bytes, self.cache.buffers):
+            out.append(flat[pos : pos + n].view(b.dtype).reshape(b.shape[1:]))
+            pos += n
+        return out

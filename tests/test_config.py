@@ -1,0 +1,45 @@
+"""ServerArgs validation: a bad setting fails at construction, naming the argument."""
+
+from __future__ import annotations
+
+import pytest
+from radixrt.cli_args import add_server_args, server_args_from
+from radixrt.config import ServerArgs
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"nnodes": 2, "tp_size": 2}, "dist_init_addr"),
+        ({"nnodes": 2, "tp_size": 3, "dist_init_addr": "h:1"}, "multiple of nnodes"),
+        ({"nnodes": 2, "tp_size": 2, "node_rank": 2, "dist_init_addr": "h:1"}, "node_rank"),
+        ({"dist_init_addr": "no-port"}, "dist_init_addr"),
+        ({"cuda_graph_max_bs": 0}, "cuda_graph_max_bs"),
+        ({"kv_cache_dtype": "fp4"}, "kv_cache_dtype"),
+        ({"preemption_mode": "pause"}, "preemption_mode"),
+        ({"hicache_size": -1}, "hicache_size"),
+        ({"hicache_dir": "/tmp/x"}, "enable_hierarchical_cache"),
+        ({"enable_hierarchical_cache": True, "disable_radix_cache": True}, "disable_radix_cache"),
+        ({"enable_hierarchical_cache": True, "hicache_dir": "/tmp/x", "hicache_disk_size": 0}, "hicache_disk_size"),
+        ({"swap_min_tokens": -5}, "swap_min_tokens"),
+        ({"bogus_flag": 1}, "bogus_flag"),
+    ],
+)
+def test_bad_settings_name_the_argument(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        ServerArgs.from_kwargs(model_path="m", **kwargs)
+
+
+def test_the_cli_spells_the_new_flags_as_sglang():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    ns = parser.parse_args(["--model-path", "m", "--tp-size", "4", "--nnodes", "2", "--node-rank", "1",
+                            "--dist-init-addr", "10.0.0.1:5000", "--kv-cache-dtype", "int8", "--enable-hierarchical-cache",
+                            "--hicache-size", "2.5", "--hicache-dir", "/tmp/hc", "--preemption-mode", "swap",
+                            "--disable-cuda-graph", "--cuda-graph-max-bs", "64"])
+    args = server_args_from(ns)
+    assert (args.nnodes, args.node_rank, args.dist_init_addr, args.kv_cache_dtype) == (2, 1, "10.0.0.1:5000", "int8")
+    assert args.enable_hierarchical_cache and args.hicache_size == 2.5 and args.hicache_dir == "/tmp/hc"
+    assert args.preemption_mode == "swap" and args.disable_cuda_graph and args.cuda_graph_max_bs == 64

@@ -1,0 +1,196 @@
+"""The KV memory tiers below the device pool: content keys, the tier indexes and their
+move order, and through the engine and server: token identity with the hierarchical
+cache on, loads from host and disk, the disk tier across a restart, swap preemption,
+and configurations that cannot work failing at start, naming the argument."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import radixrt
+import requests
+from helpers import assert_no_page_leak, corpus_ids
+from radixrt.cache.tier_index import TierIndex, page_keys
+from radixrt.scheduler.kv_tiers import KVTiers
+from server_proc import running_server
+from workloads import cycling_documents
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0}
+SMALL_POOL = dict(page_size=16, max_total_tokens=768)  # about two and a half documents of the workload
+
+
+# -- pure structures ------------------------------------------------------------------
+
+
+def test_page_keys_chain_over_the_prefix_and_the_namespace():
+    rng = random.Random(0)
+    tokens = [rng.randrange(1000) for _ in range(100)]
+    keys = page_keys(tokens, 16, None)
+    assert len(keys) == 6 and len(set(keys)) == 6
+    assert page_keys(tokens[:64], 16, None) == keys[:4]  # a prefix has the prefix's keys
+    assert page_keys(tokens, 16, None, known=keys[:3]) == keys  # extending equals recomputing
+    assert page_keys(tokens, 16, "tenant-a")[0] != keys[0]  # namespaces never share
+    other = [tokens[0] + 1] + tokens[1:]
+    assert all(a != b for a, b in zip(page_keys(other, 16, None), keys))  # a key covers all earlier tokens
+
+
+def test_tier_index_is_lru_with_reservations():
+    idx = TierIndex(3)
+    for key in "abc":
+        idx.put(key, idx.take_free())
+    idx.get("a")  # a is now the most recently used
+    assert idx.pop_lru()[0] == "b" and idx.num_free == 0
+    idx.discard("c")
+    assert idx.num_free == 1 and "c" not in idx and len(idx) == 1
+
+
+def kinds(moves):
+    return [(m.kind, m.src, m.dst, m.keys) for m in moves]
+
+
+def test_host_spills_to_disk_and_disk_drops_its_oldest(tmp_path):
+    t = KVTiers(host_pages=2, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=2)
+    t.offload(["k1", "k2"], [10, 11])
+    t.offload(["k3"], [12])  # host full: k1 spills to disk, its slot takes k3
+    t.offload(["k4", "k5"], [13, 14])  # k2 then k3 spill; disk full at k3: k1 is dropped
+    assert kinds(t.take_moves()) == [
+        ("d2h", [10, 11], [0, 1], []),
+        ("h2disk", [0], [], ["k1"]),
+        ("d2h", [12], [0], []),
+        ("h2disk", [1], [], ["k2"]),
+        ("d2h", [13], [1], []),
+        ("drop", [], [], ["k1"]),
+        ("h2disk", [0], [], ["k3"]),
+        ("d2h", [14], [0], []),
+    ]
+    assert t.hits(["k2", "k3", "k4", "k1"]) == 3
+    t.load(["k2", "k5"], [20, 21])  # k2 from disk, k5 from host
+    assert kinds(t.take_moves()) == [("disk2d", [], [20], ["k2"]), ("h2d", [0], [21], [])]
+    assert t.stats()["disk_hit_pages"] == 1 and t.stats()["host_hit_pages"] == 1
+
+
+def test_swap_reserves_host_slots_that_the_cache_cannot_take():
+    t = KVTiers(host_pages=3, cache_on_host=True)
+    t.offload(["a", "b"], [1, 2])
+    slots = t.swap_out([5, 6])  # takes the free slot, then evicts the LRU cached page (no disk: dropped)
+    assert sorted(slots) == [0, 2] and t.hits(["a"]) == 0 and t.hits(["b"]) == 1
+    t.offload(["c"], [7])  # the one unreserved slot is b's: b goes, c comes
+    assert t.hits(["b"]) == 0 and t.hits(["c"]) == 1
+    assert t.swap_out([1, 2, 3]) is None  # only one slot is not reserved
+    t.take_moves()
+    t.swap_in(slots, [8, 9])
+    assert kinds(t.take_moves()) == [("h2d", slots, [8, 9], [])]
+    assert t.stats()["host_swap_pages"] == 0
+
+
+# -- through the engine ------------------------------------------------------------------
+
+
+def run_documents(engine, groups, passes=2):
+    """Document by document; every other pass backwards, so the recent documents are in
+    host memory and the older ones on disk (a forward cycle always misses an LRU tier)."""
+    out = []
+    for p in range(passes):
+        for prompts in groups if p % 2 == 0 else groups[::-1]:
+            out.append([r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=GREEDY)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def documents(llama_path):
+    return cycling_documents(corpus_ids(llama_path), n_docs=6, doc_len=300, questions=2)
+
+
+@pytest.fixture(scope="module")
+def reference(llama_path, documents):
+    with radixrt.Engine(model_path=str(llama_path), page_size=16, max_total_tokens=16384) as e:
+        return run_documents(e, documents)
+
+
+def computed_prompt_tokens(info) -> int:
+    return info["prompt_tokens"] - info["cached_prompt_tokens"]
+
+
+def test_hierarchical_cache_gives_the_same_tokens_and_loads_from_host_and_disk(llama_path, documents, reference, tmp_path):
+    with radixrt.Engine(model_path=str(llama_path), disable_radix_cache=True, **SMALL_POOL) as e:
+        assert run_documents(e, documents) == reference
+        cache_off = computed_prompt_tokens(e.get_server_info())
+    # host holds about two documents, disk the rest: the second pass reaches both
+    tiers = dict(enable_hierarchical_cache=True, hicache_ratio=1.0, hicache_dir=str(tmp_path), hicache_disk_size=0.01)
+    with radixrt.Engine(model_path=str(llama_path), **SMALL_POOL, **tiers) as e:
+        assert run_documents(e, documents) == reference
+        info = e.get_server_info()
+        assert_no_page_leak(e)
+    assert info["host_hit_pages"] > 0 and info["disk_hit_pages"] > 0, info
+    assert info["pages_d2h"] > 0 and info["pages_h2disk"] > 0 and info["tier_move_seconds"] > 0
+    assert computed_prompt_tokens(info) < 0.4 * cache_off, (computed_prompt_tokens(info), cache_off)
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute", "auto"])
+def test_a_pool_too_small_for_the_batch_completes_by_preemption(llama_path, mode):
+    rng = random.Random(5)
+    ids = corpus_ids(llama_path)
+    prompts = [ids[s : s + rng.randint(60, 140)] for s in (rng.randrange(len(ids) - 200) for _ in range(6))]
+    params = {"max_new_tokens": 48, "temperature": 0}
+    with radixrt.Engine(model_path=str(llama_path), page_size=16, max_total_tokens=8192) as e:
+        want = [r["output_ids"] for r in e.generate(input_ids=prompts, sampling_params=params)]
+    with radixrt.Engine(model_path=str(llama_path), page_size=16, max_total_tokens=448, preemption_mode=mode,
+                        swap_space=0.01, swap_min_tokens=130) as e:
+        got = [r["output_ids"] for r in e.generate(input_ids=prompts, sampling_params=params)]
+        info = e.get_server_info()
+        assert_no_page_leak(e)
+    assert got == want
+    assert info["retractions"] > 0
+    if mode == "recompute":
+        assert info["swaps_out"] == 0 and info["recomputed_tokens"] > 0
+    else:
+        assert info["swaps_out"] > 0 and info["swaps_in"] == info["swaps_out"] and info["host_swap_pages"] == 0
+    if mode == "swap":
+        assert info["recomputed_tokens"] == 0
+
+
+def test_the_disk_tier_outlives_the_server_for_the_same_model_only(model_paths, tmp_path):
+    llama, qwen = model_paths["llama"], model_paths["qwen2"]
+    doc = corpus_ids(llama)[:400]
+    args = ("--page-size", "16", "--max-total-tokens", "2048", "--enable-hierarchical-cache",
+            "--hicache-dir", str(tmp_path), "--hicache-disk-size", "0.01")
+
+    def ask(url, question):
+        res = requests.post(url + "/generate", json={"input_ids": doc + question, "sampling_params": GREEDY}, timeout=60).json()
+        return res, requests.get(url + "/get_server_info", timeout=10).json()
+
+    with running_server(llama, *args) as (url, _):
+        first, _ = ask(url, [5, 6, 7])
+        assert first["meta_info"]["cached_tokens"] == 0
+    with running_server(llama, *args) as (url, _):
+        again, info = ask(url, [8, 9])
+        metrics = requests.get(url + "/metrics", timeout=10).text
+    assert metric(metrics, "radixrt:disk_hit_pages_total") == info["disk_hit_pages"]
+    assert metric(metrics, "radixrt:kv_bytes_per_token") == info["bytes_per_token"] > 0
+    assert again["meta_info"]["cached_tokens"] >= 384 and info["disk_hit_pages"] >= 24, (again["meta_info"], info)
+    with running_server(qwen, *args) as (url, _):
+        other, info = ask(url, [8, 9])
+    assert other["meta_info"]["cached_tokens"] == 0 and info["disk_hit_pages"] == 0
+
+
+def metric(text: str, name: str) -> float:
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"enable_hierarchical_cache": True, "hicache_size": 100000}, "hicache_size"),
+        ({"preemption_mode": "swap", "swap_space": 100000}, "swap_space"),
+        ({"enable_hierarchical_cache": True, "hicache_dir": "FILE/sub"}, "hicache_dir"),
+        ({"enable_hierarchical_cache": True, "hicache_dir": "DIR", "hicache_disk_size": 1e9}, "hicache_disk_size"),
+        ({"kv_cache_dtype": "int4"}, "kv_cache_dtype"),
+    ],
+)
+def test_configurations_that_cannot_work_fail_at_start(llama_path, tmp_path, kwargs, words):
+    (tmp_path / "FILE").write_text("not a directory")
+    kwargs = {k: v.replace("FILE", str(tmp_path / "FILE")).replace("DIR", str(tmp_path)) if isinstance(v, str) else v
+              for k, v in kwargs.items()}
+    with pytest.raises((RuntimeError, ValueError), match=words):
+        radixrt.Engine(model_path=str(llama_path), max_total_tokens=1024, **kwargs)
