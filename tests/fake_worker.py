@@ -8,7 +8,7 @@ from `reference_next` applied to the true sequence.
 
 from __future__ import annotations
 
-from radixrt.messages import BatchResult, EntryLogprobs, ForwardBatch, WorkerReady
+from radixrt.messages import BatchResult, EntryLogprobs, ForwardBatch, KVMove, WorkerReady
 
 VOCAB = 50
 
@@ -25,11 +25,42 @@ def reference_generate(prompt: list[int], n: int) -> list[int]:
 
 
 class FakeWorker:
-    def __init__(self, num_pages: int, page_size: int, context_length: int = 4096, eos_ids=(49,)) -> None:
-        self.ready = WorkerReady(num_pages, page_size, VOCAB, context_length, list(eos_ids), 8)
+    def __init__(self, num_pages: int, page_size: int, context_length: int = 4096, eos_ids=(49,),
+                 host_pages: int = 0, disk_dir: str = "", disk_pages: int = 0) -> None:
+        self.ready = WorkerReady(num_pages, page_size, VOCAB, context_length, list(eos_ids), 8, page_size * 8,
+                                 host_pages, disk_dir, disk_pages)
         self.page_size = page_size
         self.slots: dict[int, int] = {}  # slot -> token at that KV slot
         self.tables: dict[int, list[int]] = {}  # request slot -> page table
+        self.host: dict[int, list] = {}  # host page -> the tokens its KV is of
+        self.disk: dict[str, list] = {}  # file key -> the same
+
+    def _page(self, page: int) -> list:
+        return [self.slots.get(page * self.page_size + i) for i in range(self.page_size)]
+
+    def _fill(self, page: int, tokens: list) -> None:
+        for i, tok in enumerate(tokens):
+            self.slots[page * self.page_size + i] = tok
+
+    def move(self, moves: list[KVMove]) -> None:
+        """The tier moves, in order, on page contents (what the real worker does with bytes)."""
+        for m in moves:
+            if m.kind == "d2h":
+                for src, dst in zip(m.src, m.dst):
+                    self.host[dst] = self._page(src)
+            elif m.kind == "h2d":
+                for src, dst in zip(m.src, m.dst):
+                    self._fill(dst, self.host[src])
+            elif m.kind in ("h2disk", "d2disk"):
+                for src, key in zip(m.src, m.keys):
+                    self.disk[key] = self.host[src] if m.kind == "h2disk" else self._page(src)
+            elif m.kind == "disk2d":
+                for key, dst in zip(m.keys, m.dst):
+                    self._fill(dst, self.disk[key])
+            else:
+                assert m.kind == "drop", m.kind
+                for key in m.keys:
+                    del self.disk[key]
 
     def forward(self, batch: ForwardBatch) -> BatchResult:
         for s in batch.freed_slots:

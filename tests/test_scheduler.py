@@ -18,9 +18,10 @@ class CharTokenizer:
         return "".join(chr(97 + i % 26) for i in ids)
 
 
-def make(num_pages: int, page_size: int, **args) -> tuple[Scheduler, FakeWorker]:
+def make(num_pages: int, page_size: int, tiers: dict | None = None, **args) -> tuple[Scheduler, FakeWorker]:
+    """tiers: FakeWorker's host_pages / disk_dir / disk_pages."""
     args.setdefault("schedule_policy", "fcfs")
-    worker = FakeWorker(num_pages, page_size)
+    worker = FakeWorker(num_pages, page_size, **(tiers or {}))
     server_args = ServerArgs(model_path="unused", page_size=page_size, **args)
     return Scheduler(server_args, worker.ready, CharTokenizer()), worker
 
@@ -63,6 +64,9 @@ def run(s: Scheduler, w: FakeWorker, requests: list[TokenizedRequest], arrivals:
             s.add_request(r)
             pending.remove((i, r))
         batch = s.schedule()
+        moves = s.take_moves()
+        if moves:
+            w.move(moves)
         if batch is not None:
             s.process(w.forward(batch))
         assert_pages_consistent(s)
@@ -232,3 +236,55 @@ def test_pressure_evicts_before_retracting_and_everything_completes():
     st = s.stats()
     assert st["evicted_pages"] > 0
     assert_idle_pool(s)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_tiers_bring_back_the_right_pages(page_size, tmp_path):
+    """More documents than the pool holds, host smaller still, disk below: every load must put
+    the right tokens' KV at the right place, or the fake model's predictions change."""
+    rng = random.Random(7)
+    pool = 160 // page_size
+    tiers = {"host_pages": pool, "disk_dir": str(tmp_path), "disk_pages": 3 * pool}
+    s, w = make(pool, page_size, tiers, schedule_policy="lpm", chunked_prefill_size=48, enable_hierarchical_cache=True)
+    docs = [[rng.randrange(50) for _ in range(rng.randint(60, 90))] for _ in range(6)]
+    reqs = [req(f"r{i}", docs[d] + [i % 50, 7], 6) for i, d in enumerate([0, 1, 2, 3, 4, 5, 5, 3, 1, 0, 2, 4, 0, 5])]
+    outputs, _ = run(s, w, reqs, arrivals={i: 40 * i for i in range(len(reqs))})
+    for r in reqs:
+        assert outputs[r.rid] == reference_generate(r.input_ids, 6), r.rid
+    st = s.stats()
+    assert st["host_hit_pages"] > 0 and st["disk_hit_pages"] > 0 and st["pages_drop"] >= 0, st
+    assert len(w.disk) == st["disk_cached_pages"] and st["host_swap_pages"] == 0
+    assert_idle_pool(s)
+
+
+@pytest.mark.parametrize("mode", ["swap", "auto"])
+def test_swapped_requests_resume_exactly(mode):
+    rng = random.Random(3)
+    s, w = make(num_pages=40, page_size=4, tiers={"host_pages": 200}, preemption_mode=mode, swap_min_tokens=75,
+                chunked_prefill_size=64)
+    reqs = [req(f"r{i}", [rng.randrange(50) for _ in range(rng.randint(30, 70))], 40) for i in range(12)]
+    outputs, _ = run(s, w, reqs)
+    for r in reqs:
+        assert outputs[r.rid] == reference_generate(r.input_ids, 40), r.rid
+    st = s.stats()
+    assert st["swaps_out"] > 0 and st["swaps_in"] == st["swaps_out"] and st["host_swap_pages"] == 0
+    # auto swaps only the victims holding >= 75 tokens; the others recompute (from the radix cache, here)
+    assert (st["retractions"] == st["swaps_out"]) == (mode == "swap"), st
+    assert_idle_pool(s)
+
+
+def test_aborting_a_swapped_out_request_frees_its_host_slots():
+    rng = random.Random(4)
+    s, w = make(num_pages=40, page_size=4, tiers={"host_pages": 200}, preemption_mode="swap", chunked_prefill_size=64)
+    for i in range(12):
+        s.add_request(req(f"r{i}", [rng.randrange(50) for _ in range(60)], 40))
+    while not any(r.swap_slots for r in s.waiting):
+        batch = s.schedule()
+        moves = s.take_moves()
+        if moves:
+            w.move(moves)
+        s.process(w.forward(batch))
+    victim = next(r for r in s.waiting if r.swap_slots)
+    assert s.stats()["host_swap_pages"] == len(victim.swap_slots) > 0
+    s.abort(victim.rid)
+    assert s.stats()["host_swap_pages"] == 0
