@@ -194,3 +194,18 @@ def test_configurations_that_cannot_work_fail_at_start(llama_path, tmp_path, kwa
               for k, v in kwargs.items()}
     with pytest.raises((RuntimeError, ValueError), match=words):
         radixrt.Engine(model_path=str(llama_path), max_total_tokens=1024, **kwargs)
+
+
+def test_tiers_with_tensor_parallel_ranks_and_an_int8_pool(llama_path, documents, tmp_path):
+    """Each rank moves its own KV heads' pages (and int8 scales) through host and disk; the
+    tokens are those of the same setup without tiers."""
+    args = dict(model_path=str(llama_path), tp_size=2, kv_cache_dtype="int8", **SMALL_POOL)
+    tiers = dict(enable_hierarchical_cache=True, hicache_ratio=1.0, hicache_dir=str(tmp_path), hicache_disk_size=0.01)
+    with radixrt.Engine(**args) as e:
+        want = run_documents(e, documents[:4])
+    with radixrt.Engine(**args, **tiers) as e:
+        assert run_documents(e, documents[:4]) == want
+        info = e.get_server_info()
+    assert info["disk_hit_pages"] + info["host_hit_pages"] > 0, info
+    files = {f.name for f in tmp_path.glob("*/*.kv")}
+    assert files and all(f.replace(".r0.", ".r1.") in files for f in files if ".r0." in f)

@@ -113,9 +113,9 @@ class KVMemory:
         keys = page_keys(tokens, self.page_size, namespace)
         self.tiers.offload(keys[len(keys) - len(leaf.pages) :], leaf.pages)
 
-    def extend_from_tiers(self, r: Req, m: MatchResult) -> MatchResult:
-        """Go on from a tree match into the lower tiers: load the pages they hold into
-        device pages, which join the tree (pinned, as m was). m is consumed."""
+    def extend_from_tiers(self, r: Req, m: MatchResult, max_pages: int) -> MatchResult:
+        """Go on from a tree match into the lower tiers: load (up to max_pages of) the pages they
+        hold into device pages, which join the tree (pinned, as m was). m is consumed."""
         if self.tiers is None or not self.tiers.cache_on_host:
             return m
         ps, start = self.page_size, len(m.pages)
@@ -124,7 +124,7 @@ class KVMemory:
             return m
         r.page_keys = page_keys(r.tokens(0, full * ps), ps, r.cache_salt, r.page_keys)
         keys = r.page_keys[start:full]
-        n = min(self.tiers.hits(keys), self.available)
+        n = min(self.tiers.hits(keys), max_pages)
         if n == 0:
             return m
         self.tiers.touch(keys[:n])

@@ -158,7 +158,8 @@ class Scheduler:
             if self.mem.admission_pages(m, n) + reserve > self.mem.available:
                 self.mem.unlock_match(m)
                 break
-            m = self.mem.extend_from_tiers(r, m)  # needs no more pages than computing those tokens would
+            # Loading replaces computing those tokens; pages kept back for the running requests stay back.
+            m = self.mem.extend_from_tiers(r, m, self.mem.available - reserve)
             n = min(r.seq_len - len(m.pages) * self.page_size - m.partial_len, token_budget)
             self._admit(r, m)
             computing.append(r)
