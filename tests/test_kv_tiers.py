@@ -127,14 +127,23 @@ def test_hierarchical_cache_gives_the_same_tokens_and_loads_from_host_and_disk(l
     assert computed_prompt_tokens(info) < 0.4 * cache_off, (computed_prompt_tokens(info), cache_off)
 
 
-@pytest.mark.parametrize("mode", ["swap", "recompute", "auto"])
-def test_a_pool_too_small_for_the_batch_completes_by_preemption(llama_path, mode):
+PREEMPT = {"max_new_tokens": 48, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def preemption_case(llama_path):
+    """Six requests that outgrow a 448-token pool together, and their tokens from a large pool."""
     rng = random.Random(5)
     ids = corpus_ids(llama_path)
     prompts = [ids[s : s + rng.randint(60, 140)] for s in (rng.randrange(len(ids) - 200) for _ in range(6))]
-    params = {"max_new_tokens": 48, "temperature": 0}
     with radixrt.Engine(model_path=str(llama_path), page_size=16, max_total_tokens=8192) as e:
-        want = [r["output_ids"] for r in e.generate(input_ids=prompts, sampling_params=params)]
+        return prompts, [r["output_ids"] for r in e.generate(input_ids=prompts, sampling_params=PREEMPT)]
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute", "auto"])
+def test_a_pool_too_small_for_the_batch_completes_by_preemption(llama_path, preemption_case, mode):
+    prompts, want = preemption_case
+    params = PREEMPT
     with radixrt.Engine(model_path=str(llama_path), page_size=16, max_total_tokens=448, preemption_mode=mode,
                         swap_space=0.01, swap_min_tokens=130) as e:
         got = [r["output_ids"] for r in e.generate(input_ids=prompts, sampling_params=params)]
