@@ -1,7 +1,8 @@
 """The KV memory tiers below the device pool: content keys, the tier indexes and their
-move order, and through the engine and server: token identity with the hierarchical
-cache on, loads from host and disk, the disk tier across a restart, swap preemption,
-and configurations that cannot work failing at start, naming the argument."""
+move order, the weights fingerprint, and through the engine and server: token identity
+with the hierarchical cache on, loads from host and disk, the disk tier across a
+restart, swap preemption, and configurations that cannot work failing at start,
+naming the argument."""
 
 from __future__ import annotations
 
@@ -82,6 +83,30 @@ def test_swap_reserves_host_slots_that_the_cache_cannot_take():
     t.swap_in(slots, [8, 9])
     assert kinds(t.take_moves()) == [("h2d", slots, [8, 9], [])]
     assert t.stats()["host_swap_pages"] == 0
+
+
+def test_the_disk_tier_is_keyed_by_the_weights_content_not_their_place(llama_path, tmp_path):
+    import shutil
+
+    import torch
+    from radixrt.config import ServerArgs
+    from radixrt.worker.kv_tiers import weights_fingerprint
+
+    def fingerprint(path, **kw):
+        args = ServerArgs(model_path=str(path), enable_hierarchical_cache=True, hicache_dir=str(tmp_path / "hc"), **kw)
+        (tmp_path / "hc").mkdir(exist_ok=True)
+        return weights_fingerprint(args, torch.float32)
+
+    copy = tmp_path / "copy"
+    shutil.copytree(llama_path, copy)
+    assert fingerprint(copy) == fingerprint(llama_path)  # same weights elsewhere: same KV
+    assert fingerprint(llama_path, kv_cache_dtype="int8") != fingerprint(llama_path)
+    assert fingerprint(llama_path, page_size=16) != fingerprint(llama_path)
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2 + 12345] ^= 1  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    assert fingerprint(copy) != fingerprint(llama_path)
 
 
 # -- through the engine ------------------------------------------------------------------

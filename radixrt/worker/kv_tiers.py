@@ -30,23 +30,30 @@ from radixrt.kernels import PagedKVCache
 from radixrt.messages import KVMove
 from radixrt.worker.kv_pool import available_host_bytes
 
-FINGERPRINT_SAMPLES = 16  # 64 KiB windows read from each weights file
-SAMPLE_BYTES = 64 << 10
+DIGESTS_FILE = "weights-digests.json"  # in hicache_dir: file digests by path, size and mtime
 
 
 def weights_fingerprint(args: ServerArgs, dtype: torch.dtype) -> str:
-    """What makes KV reusable across runs: the weights (config, each safetensors header and
-    sampled windows of its bytes), the dtypes, the page size and the tensor-parallel split."""
-    h = hashlib.sha256()
-    root = Path(args.model_path)
-    h.update((root / "config.json").read_bytes())
+    """What makes KV reusable across runs: the weights' whole content (config.json and a digest of
+    each safetensors file; where the files live does not matter), the dtypes, the page size and
+    the tensor-parallel split. File digests are remembered in hicache_dir by path, size and
+    mtime, so a restart does not rehash gigabytes."""
+    root, memo_path = Path(args.model_path), Path(args.hicache_dir) / DIGESTS_FILE
+    memo = json.loads(memo_path.read_text()) if memo_path.exists() else {}
+    h = hashlib.sha256((root / "config.json").read_bytes())
     for f in sorted(root.glob("*.safetensors")):
-        size = f.stat().st_size
-        h.update(f"{f.name}:{size}".encode())
-        with f.open("rb") as fh:
-            for i in range(FINGERPRINT_SAMPLES):
-                fh.seek(i * max(0, size - SAMPLE_BYTES) // max(1, FINGERPRINT_SAMPLES - 1))
-                h.update(fh.read(SAMPLE_BYTES))
+        st = f.stat()
+        stamp = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+        if stamp not in memo:
+            digest = hashlib.blake2b()
+            with f.open("rb") as fh:
+                while chunk := fh.read(1 << 24):
+                    digest.update(chunk)
+            memo[stamp] = digest.hexdigest()
+        h.update(f"{f.name}:{memo[stamp]}".encode())
+    tmp = memo_path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(memo))
+    os.replace(tmp, memo_path)
     h.update(json.dumps([str(dtype), args.kv_cache_dtype, args.page_size, args.tp_size]).encode())
     return h.hexdigest()[:20]
 
@@ -74,11 +81,12 @@ def plan_host_pages(args: ServerArgs, num_pages: int, page_bytes: int, device: t
     return pages
 
 
-def prepare_disk_dir(args: ServerArgs, fingerprint: str, page_bytes: int) -> tuple[Path, int]:
-    """The disk tier's directory for this model (created, checked writable) and its capacity in pages."""
-    d = Path(args.hicache_dir) / fingerprint
+def prepare_disk_dir(args: ServerArgs, dtype: torch.dtype, page_bytes: int) -> tuple[Path, int]:
+    """The disk tier's directory for this model (checked writable, created) and its capacity in pages."""
     try:
-        d.mkdir(parents=True, exist_ok=True)
+        Path(args.hicache_dir).mkdir(parents=True, exist_ok=True)
+        d = Path(args.hicache_dir) / weights_fingerprint(args, dtype)
+        d.mkdir(exist_ok=True)
         probe = d / f".probe-{os.getpid()}"
         probe.write_bytes(b"ok")
         probe.unlink()

@@ -24,7 +24,7 @@ from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
 from radixrt.worker.cuda_graph import DecodeGraphRunner, capture_sizes
 from radixrt.worker.kv_pool import plan_num_pages
-from radixrt.worker.kv_tiers import KVTierStore, plan_host_pages, prepare_disk_dir, weights_fingerprint
+from radixrt.worker.kv_tiers import KVTierStore, plan_host_pages, prepare_disk_dir
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
 from radixrt.worker.sampler import Sampler
 
@@ -101,7 +101,7 @@ class ModelRunner:
             return None
         disk_dir, disk_pages = None, 0
         if args.hicache_dir is not None:
-            disk_dir, disk_pages = prepare_disk_dir(args, weights_fingerprint(args, dtype), page_bytes)
+            disk_dir, disk_pages = prepare_disk_dir(args, dtype, page_bytes)
         logger.info("host KV tier: %d pages%s", host_pages, f"; disk tier: {disk_pages} pages in {disk_dir}" if disk_dir else "")
         return KVTierStore(self.cache, host_pages, disk_dir, disk_pages, rank)
 
