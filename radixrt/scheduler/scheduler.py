@@ -140,32 +140,42 @@ class Scheduler:
         for r in self.policy(self.waiting, self.mem.prefix_len):
             if token_budget <= 0 or not self.free_slots:
                 break
-            if r.swap_slots:  # swapped out: its KV comes back from host memory
-                n = min(r.seq_len - r.swapped_len, token_budget)
-                if self.mem.swap_in_pages(r, n) + reserve > self.mem.available:
-                    break
-                self._admit(r, None)
+            if r.swap_slots:
+                n = self._admit_swapped(r, token_budget, reserve)
+            else:
+                n = self._admit_waiting(r, token_budget, reserve, computing)
+            if n is None:  # no room: later requests in policy order wait too
+                break
+            if n:
                 entries.append(self._entry(r, n))
                 token_budget -= n
                 reserve += self.budget.reserve_pages([r])
-                continue
-            m = self.mem.match(r)
-            matched = len(m.pages) * self.page_size + m.partial_len
-            n = min(r.seq_len - matched, token_budget)
-            if self._shares_uncached_prefix(r, matched, computing):
-                self.mem.unlock_match(m)
-                continue
-            if self.mem.admission_pages(m, n) + reserve > self.mem.available:
-                self.mem.unlock_match(m)
-                break
-            # Loading replaces computing those tokens; pages kept back for the running requests stay back.
-            m = self.mem.extend_from_tiers(r, m, self.mem.available - reserve)
-            n = min(r.seq_len - len(m.pages) * self.page_size - m.partial_len, token_budget)
-            self._admit(r, m)
-            computing.append(r)
-            entries.append(self._entry(r, n))
-            token_budget -= n
-            reserve += self.budget.reserve_pages([r])
+
+    def _admit_waiting(self, r: Req, token_budget: int, reserve: int, computing: list[Req]) -> int | None:
+        """Admit r from its longest cached prefix: the tokens it runs this step; 0 if it should
+        wait for a request computing its prefix; None if its pages do not fit."""
+        m = self.mem.match(r)
+        matched = len(m.pages) * self.page_size + m.partial_len
+        n = min(r.seq_len - matched, token_budget)
+        if self._shares_uncached_prefix(r, matched, computing):
+            self.mem.unlock_match(m)
+            return 0
+        if self.mem.admission_pages(m, n) + reserve > self.mem.available:
+            self.mem.unlock_match(m)
+            return None
+        # Loading from the lower tiers replaces computing those tokens; the reserve stays back.
+        m = self.mem.extend_from_tiers(r, m, self.mem.available - reserve)
+        self._admit(r, m)
+        computing.append(r)
+        return min(r.seq_len - r.kv_len, token_budget)
+
+    def _admit_swapped(self, r: Req, token_budget: int, reserve: int) -> int | None:
+        """Bring a swapped-out r back from host memory: the tokens it runs this step, or None."""
+        n = min(r.seq_len - r.swapped_len, token_budget)
+        if self.mem.swap_in_pages(r, n) + reserve > self.mem.available:
+            return None
+        self._admit(r, None)
+        return n
 
     def _shares_uncached_prefix(self, r: Req, matched: int, computing: list[Req]) -> bool:
         """A request still prefilling will compute r's next tokens: wait for them and hit the cache."""
