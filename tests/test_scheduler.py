@@ -288,3 +288,24 @@ def test_aborting_a_swapped_out_request_frees_its_host_slots():
     assert s.stats()["host_swap_pages"] == len(victim.swap_slots) > 0
     s.abort(victim.rid)
     assert s.stats()["host_swap_pages"] == 0
+
+
+def test_longest_prefix_first_counts_what_the_lower_tiers_hold(tmp_path):
+    rng = random.Random(8)
+    s, w = make(24, 4, {"host_pages": 48}, schedule_policy="lpm", enable_hierarchical_cache=True, max_running_requests=1)
+    doc = [rng.randrange(50) for _ in range(60)]
+    run(s, w, [req("doc", doc + [1], 2)])
+    run(s, w, [req(f"other{i}", [rng.randrange(50) for _ in range(60)], 2) for i in range(2)])  # evicts doc to host
+    miss, hit = req("miss", [rng.randrange(50) for _ in range(60)], 2), req("hit", doc + [2, 3], 2)
+    s.add_request(miss)
+    s.add_request(hit)
+    assert s.mem.cache.match_prefix(doc).pages == []  # not on the device any more
+    batch = s.schedule()  # one slot: the policy picks one of the two
+    assert [r.rid for r in s.running] == ["hit"] and s.stats()["host_hit_pages"] == 15
+    w.move(s.take_moves())
+    s.process(w.forward(batch))
+    first = {o.rid: o.new_ids for o in s.take_outputs()}
+    outputs, _ = run(s, w, [])
+    for r in (hit, miss):
+        assert first.get(r.rid, []) + outputs[r.rid] == reference_generate(r.input_ids, 2), r.rid
+    assert_idle_pool(s)

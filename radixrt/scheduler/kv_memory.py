@@ -54,9 +54,22 @@ class KVMemory:
         return m
 
     def prefix_len(self, r: Req) -> int:
-        """Tokens of r the cache holds now, without touching LRU order (for the policy)."""
+        """Tokens of r the cache holds now, in the tree or below it, without touching LRU order (for the policy)."""
         m = self.cache.match_prefix(r.tokens(0, r.match_limit), r.cache_salt, touch=False)
+        below = self._tier_keys(r, len(m.pages))
+        if below:
+            return (len(m.pages) + self.tiers.hits(below)) * self.page_size
         return len(m.pages) * self.page_size + m.partial_len
+
+    def _tier_keys(self, r: Req, start: int) -> list[str]:
+        """Content keys of r's full pages from page `start` up to its match limit; [] without a host tier cache."""
+        if self.tiers is None or not self.tiers.cache_on_host:
+            return []
+        full = r.match_limit // self.page_size
+        if full <= start:
+            return []
+        r.page_keys = page_keys(r.tokens(0, full * self.page_size), self.page_size, r.cache_salt, r.page_keys)
+        return r.page_keys[start:full]
 
     def unlock_match(self, m: MatchResult) -> None:
         self.cache.unlock(m.node)
@@ -116,15 +129,9 @@ class KVMemory:
     def extend_from_tiers(self, r: Req, m: MatchResult, max_pages: int) -> MatchResult:
         """Go on from a tree match into the lower tiers: load (up to max_pages of) the pages they
         hold into device pages, which join the tree (pinned, as m was). m is consumed."""
-        if self.tiers is None or not self.tiers.cache_on_host:
-            return m
         ps, start = self.page_size, len(m.pages)
-        full = r.match_limit // ps
-        if full <= start:
-            return m
-        r.page_keys = page_keys(r.tokens(0, full * ps), ps, r.cache_salt, r.page_keys)
-        keys = r.page_keys[start:full]
-        n = min(self.tiers.hits(keys), max_pages)
+        keys = self._tier_keys(r, start)
+        n = min(self.tiers.hits(keys), max_pages) if keys else 0
         if n == 0:
             return m
         self.tiers.touch(keys[:n])
