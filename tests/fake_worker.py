@@ -8,6 +8,8 @@ from `reference_next` applied to the true sequence.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from radixrt.messages import BatchResult, EntryLogprobs, ForwardBatch, KVMove, WorkerReady
 
 VOCAB = 50
@@ -35,6 +37,9 @@ class FakeWorker:
         self.host: dict[int, list] = {}  # host page -> the tokens its KV is of
         self.disk: dict[str, list] = {}  # file key -> the same
 
+    def _file(self, key: str) -> Path:
+        return Path(self.ready.disk_dir) / f"{key}.r0.kv"
+
     def _page(self, page: int) -> list:
         return [self.slots.get(page * self.page_size + i) for i in range(self.page_size)]
 
@@ -54,6 +59,7 @@ class FakeWorker:
             elif m.kind in ("h2disk", "d2disk"):
                 for src, key in zip(m.src, m.keys):
                     self.disk[key] = self.host[src] if m.kind == "h2disk" else self._page(src)
+                    self._file(key).write_bytes(b"")  # the scheduler checks a page's file is there
             elif m.kind == "disk2d":
                 for key, dst in zip(m.keys, m.dst):
                     self._fill(dst, self.disk[key])
@@ -61,6 +67,7 @@ class FakeWorker:
                 assert m.kind == "drop", m.kind
                 for key in m.keys:
                     del self.disk[key]
+                    self._file(key).unlink()
 
     def forward(self, batch: ForwardBatch) -> BatchResult:
         for s in batch.freed_slots:

@@ -50,12 +50,22 @@ def kinds(moves):
     return [(m.kind, m.src, m.dst, m.keys) for m in moves]
 
 
+def execute(t: KVTiers, disk) -> list:
+    """Take t's moves and do their file side, as the worker would; returns them as kinds()."""
+    moves = t.take_moves()
+    for m in moves:
+        for key in m.keys:
+            path = disk / f"{key}.r0.kv"
+            path.unlink() if m.kind == "drop" else path.write_bytes(b"x") if m.kind.endswith("2disk") else None
+    return kinds(moves)
+
+
 def test_host_spills_to_disk_and_disk_drops_its_oldest(tmp_path):
     t = KVTiers(host_pages=2, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=2)
     t.offload(["k1", "k2"], [10, 11])
     t.offload(["k3"], [12])  # host full: k1 spills to disk, its slot takes k3
     t.offload(["k4", "k5"], [13, 14])  # k2 then k3 spill; disk full at k3: k1 is dropped
-    assert kinds(t.take_moves()) == [
+    assert execute(t, tmp_path) == [
         ("d2h", [10, 11], [0, 1], []),
         ("h2disk", [0], [], ["k1"]),
         ("d2h", [12], [0], []),
@@ -69,6 +79,17 @@ def test_host_spills_to_disk_and_disk_drops_its_oldest(tmp_path):
     t.load(["k2", "k5"], [20, 21])  # k2 from disk, k5 from host
     assert kinds(t.take_moves()) == [("disk2d", [], [20], ["k2"]), ("h2d", [0], [21], [])]
     assert t.stats()["disk_hit_pages"] == 1 and t.stats()["host_hit_pages"] == 1
+
+
+def test_disk_pages_of_an_earlier_run_are_found_and_a_removed_file_is_recomputed(tmp_path):
+    for key in ("old", "mid", "new"):
+        (tmp_path / f"{key}.r0.kv").write_bytes(b"x")
+    t = KVTiers(host_pages=2, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=2)  # room for two: the oldest goes
+    assert kinds(t.take_moves()) == [("drop", [], [], ["old"])] and t.stats()["disk_cached_pages"] == 2
+    (tmp_path / "mid.r0.kv").unlink()  # removed behind the server's back
+    assert t.hits(["new", "mid"]) == 1 and t.hits(["mid"]) == 0 and t.stats()["disk_cached_pages"] == 1
+    t.offload(["a", "b", "c"], [1, 2, 3])  # a spills to disk: its write is pending, it still counts
+    assert t.hits(["a", "b", "c"]) == 3
 
 
 def test_swap_reserves_host_slots_that_the_cache_cannot_take():

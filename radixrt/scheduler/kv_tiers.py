@@ -31,7 +31,9 @@ class KVTiers:
         self.host = TierIndex(host_pages)
         self.cache_on_host = cache_on_host  # False: the host pool only holds swapped requests
         self.disk = TierIndex(disk_pages) if disk_dir else None
+        self.disk_dir = Path(disk_dir) if disk_dir else None
         self.moves: list[KVMove] = []
+        self._unwritten: set[str] = set()  # disk keys whose write is among the moves not yet taken
         self.counters = {f"pages_{k}": 0 for k in MOVE_KINDS}
         self.counters.update(host_hit_pages=0, disk_hit_pages=0)
         if self.disk is not None:
@@ -52,6 +54,7 @@ class KVTiers:
 
     def take_moves(self) -> list[KVMove]:
         out, self.moves = self.moves, []
+        self._unwritten.clear()
         return out
 
     def _emit(self, kind: str, src: list[int] = (), dst: list[int] = (), keys: list[str] = ()) -> None:
@@ -99,6 +102,7 @@ class KVTiers:
             old, slot = self.disk.pop_lru()
             self._emit("drop", keys=[old])
         self.disk.put(key, slot)
+        self._unwritten.add(key)
         self._emit(kind, [src], keys=[key])
 
     # -- pages coming back ----------------------------------------------------
@@ -107,10 +111,20 @@ class KVTiers:
         """How many of keys, from the first, a lower tier holds."""
         n = 0
         for key in keys:
-            if key not in self.host and (self.disk is None or key not in self.disk):
+            if key not in self.host and not self._on_disk(key):
                 break
             n += 1
         return n
+
+    def _on_disk(self, key: str) -> bool:
+        """key is in the disk index and its file is there (or about to be written); a file
+        removed behind our back leaves the index, and its tokens are recomputed."""
+        if self.disk is None or key not in self.disk:
+            return False
+        if key in self._unwritten or (self.disk_dir / f"{key}{DISK_SUFFIX}").exists():
+            return True
+        self.disk.discard(key)
+        return False
 
     def touch(self, keys: list[str]) -> None:
         """Make keys most recently used (so allocating their device pages does not spill them first)."""
