@@ -229,4 +229,8 @@ class KVMemory:
         r.lock_node = res.node
 
     def flush(self) -> None:
+        """Forget every cached page on the device and in host memory (the disk tier is
+        persistent storage: it stays, as it would across a restart)."""
         self.allocator.free(self.cache.reset())
+        if self.tiers is not None:
+            self.tiers.clear_host()

@@ -156,6 +156,11 @@ class KVTiers:
         self._emit("h2d", slots, device_pages)
         self.host.release(slots)
 
+    def clear_host(self) -> None:
+        """Forget the pages cached in host memory (slots reserved by swapped requests stay theirs)."""
+        for key in self.host.keys():
+            self.host.discard(key)
+
     # -- shutdown -------------------------------------------------------------------
 
     def persist(self, device: list[tuple[str, int]]) -> None:
