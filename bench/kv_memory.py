@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from common import RESULTS, ROOT, ensure_model, random_prompts, write_result
 
@@ -85,7 +85,7 @@ class PeakRunning:
             self.samples += 1
             self.stop.wait(POLL_S)
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> PeakRunning:
         self.thread.start()
         return self
 
