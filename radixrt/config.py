@@ -26,7 +26,22 @@ class ServerArgs:
     served_model_name: str | None = _arg(None, "model name in the OpenAI API (default: model_path)")
     host: str = _arg("127.0.0.1", "HTTP host to bind (launch_server)")
     port: int = _arg(30000, "HTTP port to bind (launch_server)")
-    api_key: str | None = _arg(None, "require 'Authorization: Bearer <key>' on every endpoint but /health")
+    api_key: str | None = _arg(None, "require 'Authorization: Bearer <key>' on every endpoint but /health* and /metrics")
+    admin_api_key: str | None = _arg(
+        None, "key for the admin endpoints (/abort_request, /flush_cache); without it they take api_key"
+    )
+    max_request_bytes: int = _arg(32 << 20, "largest request body in bytes; a larger one gets 413 before it is parsed")
+    max_n: int = _arg(128, "largest n (parallel samples) one request may ask for")
+    allow_auto_truncate: bool = _arg(
+        False, "truncate a prompt (and max_new_tokens) that exceeds the context instead of refusing it with a 400"
+    )
+    request_read_timeout: float = _arg(
+        30.0, "seconds a client has to send a request's headers and body; an idle or half-sent connection is closed"
+    )
+    max_connections: int = _arg(2048, "open HTTP connections at most; beyond it new ones get 503")
+    graceful_shutdown_timeout: float = _arg(
+        30.0, "on SIGTERM, seconds in-flight requests may take to finish before they get a 503"
+    )
     dtype: str = _arg("auto", "weights and activations dtype: auto (from config.json), float32, bfloat16, float16")
     device: str = _arg("auto", "cpu, cuda or auto (cuda when available)")
     context_length: int | None = _arg(None, "maximum tokens per sequence (default: the model's max_position_embeddings)")
@@ -88,12 +103,22 @@ class ServerArgs:
             raise ValueError(f"watchdog_timeout must be > 0, got {self.watchdog_timeout}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        self._check_http_limits()
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
         self._check_distributed()
         self._check_kv_memory()
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+
+    def _check_http_limits(self) -> None:
+        for name in ("max_request_bytes", "max_n", "max_connections"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.request_read_timeout <= 0:
+            raise ValueError(f"request_read_timeout must be > 0, got {self.request_read_timeout}")
+        if self.graceful_shutdown_timeout < 0:
+            raise ValueError(f"graceful_shutdown_timeout must be >= 0, got {self.graceful_shutdown_timeout}")
 
     def _check_distributed(self) -> None:
         if self.nnodes < 1:

@@ -12,19 +12,24 @@ import queue
 from typing import Any, AsyncIterator, Iterator
 
 from radixrt.config import ServerArgs
+from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateInput
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import BackendDied, TokenizerManager
-from radixrt.server.launcher import Backend
+from radixrt.server.launcher import Backend, check_checkpoint
 
 PROGRESS_BAR_MIN = 32  # a list at least this long shows a tqdm bar
 
 
 class Engine:
     def __init__(self, **server_args: Any) -> None:
+        """Raises ValueError for a bad argument or a model_path that is not a local checkpoint
+        directory (before starting anything), StartupError (a RuntimeError) when a process
+        could not start."""
         self.server_args = ServerArgs.from_kwargs(**server_args)
         if self.server_args.node_rank != 0:
             raise ValueError("node_rank > 0 runs only worker ranks: start it with `radixrt launch_server`")
+        check_checkpoint(self.server_args)  # a wrong path raises here, before any process starts
         self._backend = Backend(self.server_args)
         try:
             self._manager = TokenizerManager(
@@ -95,12 +100,17 @@ class Engine:
             await updates.get()
         return self._results(states, gen)
 
-    def _input(self, *args: Any) -> GenerateInput:
+    def _input(self, text: Any, input_ids: Any, sampling_params: Any, rid: Any, return_logprob: Any,
+               logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: bool, cache_salt: Any,
+               stream: bool) -> GenerateInput:
         self._check_open()
-        *fields, stream = args
-        gen = GenerateInput.build(*fields)
+        gen = GenerateInput.build(
+            self.server_args.max_n, text=text, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
+            return_logprob=return_logprob, logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs, cache_salt=cache_salt,
+        )
         if stream and len(gen.items) != 1:
-            raise ValueError("stream=True takes a single prompt and n=1")
+            raise RequestError("stream=True takes a single prompt and n=1", "stream")
         return gen
 
     def _results(self, states: list[ReqState], gen: GenerateInput) -> dict[str, Any] | list[dict[str, Any]]:

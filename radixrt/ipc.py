@@ -31,6 +31,15 @@ class PeerLost(Exception):
     """A watched connection's peer went away."""
 
 
+class Undecodable(Exception):
+    """A message arrived that does not decode as the socket's type; it is consumed, and
+    `raw` (the payload) and `error` (msgspec's, naming the field) say what it was."""
+
+    def __init__(self, raw: bytes, error: msgspec.DecodeError) -> None:
+        super().__init__(str(error))
+        self.raw, self.error = raw, error
+
+
 class Receiver(Generic[T]):
     def __init__(self, ctx: zmq.Context, addr: str, msg_type: Any, bind: bool = True, watch_peer: bool = False) -> None:
         """watch_peer (with bind=False over tcp): recv() raises PeerLost once the established
@@ -46,10 +55,15 @@ class Receiver(Generic[T]):
             self._poller.register(self._monitor, zmq.POLLIN)
 
     def recv(self, timeout_ms: int | None = None) -> T | None:
-        """Block until a message arrives; None if timeout_ms passes first."""
+        """Block until a message arrives; None if timeout_ms passes first. Raises Undecodable
+        for a message that is not a T (the next recv() goes on with the next message)."""
         events = dict(self._poller.poll(timeout_ms))
         if self.sock in events:  # a message that arrived before the peer left is still delivered
-            return self._dec.decode(self.sock.recv(copy=False).buffer)
+            frame = self.sock.recv(copy=False)
+            try:
+                return self._dec.decode(frame.buffer)
+            except msgspec.DecodeError as e:  # ValidationError included
+                raise Undecodable(frame.bytes, e) from None
         if self._monitor is not None and self._monitor in events:
             raise PeerLost(self.sock.getsockopt_string(zmq.LAST_ENDPOINT))
         return None

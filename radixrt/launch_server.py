@@ -16,12 +16,15 @@ import signal
 import socket
 import sys
 import threading
+from typing import Any, NoReturn
 
 from radixrt.cli_args import add_server_args, server_args_from
 from radixrt.config import ServerArgs
+from radixrt.server.launcher import StartupError, check_checkpoint
 
 logger = logging.getLogger("radixrt.server")
-WATCHDOG_PERIOD_S = 0.5
+WATCHDOG_PERIOD_S = 0.1  # a dead child turns /health 503 (and fails its clients) this soon
+SHUTDOWN_MARGIN_S = 5.0
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -39,19 +42,9 @@ def bind(host: str, port: int) -> socket.socket:
 def run_server(args: ServerArgs) -> int:
     import uvicorn
 
-    class _Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self):
-            # uvicorn re-raises SIGINT/SIGTERM after its shutdown, which would kill this
-            # process before it stops its children. Here a signal only asks to exit.
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
+    _Server = _uvicorn_server_class()
     from radixrt.frontend.tokenizer_manager import TokenizerManager
+    from radixrt.server.http_limits import read_deadline_protocol
     from radixrt.server.http_server import ServerContext, create_app
     from radixrt.server.launcher import Backend
     from radixrt.server.metrics import ServerMetrics
@@ -66,9 +59,12 @@ def run_server(args: ServerArgs) -> int:
     except BaseException:
         backend.shutdown(timeout=2.0)
         raise
-    ctx = holder["ctx"] = ServerContext(args, manager, metrics)
-    server = _Server(uvicorn.Config(
-        create_app(ctx), loop="uvloop", log_level=args.log_level, timeout_graceful_shutdown=3, lifespan="on",
+    ctx = holder["ctx"] = ServerContext(args, manager, metrics, check_alive=backend.check_alive)
+    server = _Server(ctx, uvicorn.Config(
+        create_app(ctx), loop="uvloop", log_level=args.log_level, lifespan="on",
+        http=read_deadline_protocol(args.request_read_timeout), limit_concurrency=args.max_connections,
+        # the drain below fails what is still running at graceful_shutdown_timeout; this only backs it up
+        timeout_graceful_shutdown=args.graceful_shutdown_timeout + SHUTDOWN_MARGIN_S,
     ))
 
     async def watchdog() -> None:
@@ -77,6 +73,7 @@ def run_server(args: ServerArgs) -> int:
             if why is not None:
                 ctx.dead = why
                 logger.error("a backend process died: %s; shutting down", why)
+                manager.backend_died(why)  # every waiting client gets its 503 now
                 server.should_exit = True
                 return
             await asyncio.sleep(WATCHDOG_PERIOD_S)
@@ -105,6 +102,44 @@ def run_server(args: ServerArgs) -> int:
     return 0
 
 
+def _uvicorn_server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn, with signals that only ask to exit and a shutdown that drains.
+
+        uvicorn re-raises SIGINT/SIGTERM after its shutdown, which would kill this process
+        before it stops its children: here a signal only asks to exit. At shutdown, new
+        requests get 503 at once; running ones have graceful_shutdown_timeout to finish,
+        then get a 503 (an error event on a started stream) instead of a cancelled task.
+        """
+
+        def __init__(self, ctx: Any, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            self.ctx = ctx
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            ctx, grace = self.ctx, self.ctx.args.graceful_shutdown_timeout
+            ctx.draining = ctx.draining or "the server is shutting down"
+            why = f"the server is shutting down: the request did not finish within {grace:g} s (--graceful-shutdown-timeout)"
+            drain = asyncio.get_running_loop().call_later(grace, ctx.manager.fail_pending, why, 503)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                drain.cancel()
+
+    return Server
+
+
 def run_worker_node(args: ServerArgs) -> int:
     """Node k > 0 of a multi-node server: only its tensor-parallel ranks, no HTTP. Runs until
     node 0 shuts them down (exit 0), a rank dies (exit 1), or SIGINT/SIGTERM (exit 0)."""
@@ -127,16 +162,34 @@ def run_worker_node(args: ServerArgs) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line, not the usage of ~50 flags above the message."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radixrt launch_server", description="Serve a model over HTTP.")
+    """Exit status: 0 after a clean stop; 2 for a mistake in the command line, found before
+    anything starts (a bad flag or value, a model_path that is not a local checkpoint
+    directory); 1 when a process failed to start or died. Each error is one line on stderr."""
+    parser = OneLineParser(prog="radixrt launch_server", description="Serve a model over HTTP.")
     add_server_args(parser)
     ns = parser.parse_args(argv)
     try:
         args = server_args_from(ns)
+        check_checkpoint(args)
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return run_server(args) if args.node_rank == 0 else run_worker_node(args)
+    try:
+        return run_server(args) if args.node_rank == 0 else run_worker_node(args)
+    except StartupError as e:  # the child logged the details; its processes are stopped
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C while starting: Backend stopped what it had started
+        return 130
 
 
 if __name__ == "__main__":

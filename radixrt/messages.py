@@ -51,6 +51,9 @@ class FinishReason(msgspec.Struct, omit_defaults=True):
     matched: int | str | None = None
     length: int | None = None
     message: str | None = None
+    # abort only: the HTTP status a failure maps to (400 the request, 500 our bug, 503 the backend);
+    # None for an abort the client asked for
+    status_code: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)
@@ -156,11 +159,19 @@ class EntryLogprobs(msgspec.Struct, array_like=True):
     output_top: TopLogprobs | None = None
 
 
+class EntryError(msgspec.Struct, array_like=True):
+    """One batch entry failed in the step (sampling, logprobs): only its request fails."""
+
+    entry: int  # index into the ForwardBatch's entries
+    message: str
+
+
 class BatchResult(msgspec.Struct, tag=True):
     step: int
-    next_ids: list[int]  # one per entry with sample=True, in entry order
-    logprobs: list[EntryLogprobs | None] = []  # one per entry when any asked
+    next_ids: list[int]  # one per entry with sample=True and no error, in entry order
+    logprobs: list[EntryLogprobs | None] = []  # one per entry when any asked (None for a failed entry)
     move_seconds: float = 0.0  # spent on KVMoves since the last result
+    errors: list[EntryError] = []  # entries that failed, in entry order; their KV of this step is not trusted
 
 
 # -- readiness (children -> launcher) -----------------------------------------

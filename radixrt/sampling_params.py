@@ -1,24 +1,64 @@
 """Sampling parameters: SGLang's field names, validated once at the door.
 
-`SamplingParams.from_dict` is the only way user input becomes parameters; it
-raises `ValueError` naming the offending field, so every front door (Engine,
-HTTP) reports bad input the same way. The struct then crosses process
-boundaries unchanged (it is a msgspec Struct).
+`SamplingParamsIn` is what a user may send (every field SGLang 0.5.9 accepts,
+each with its type; None means "the default"), decoded strictly: a bool is not
+an int, a string is not a number. `SamplingParams.from_dict` is the only way
+user input becomes parameters (the HTTP door decodes straight into
+`SamplingParamsIn`, the Engine converts its dict into one); it raises
+`RequestError` naming the offending field. The resulting `SamplingParams`
+crosses process boundaries unchanged (it is a msgspec Struct).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Annotated, Any, Union
 
 import msgspec
 
-# Fields SGLang accepts that we cannot honour yet: asking for them is an error,
-# never a silently unconstrained answer.
-UNSUPPORTED_FIELDS = ("regex", "json_schema", "ebnf", "stop_regex", "structural_tag")
-# Accepted spellings of the same field (vLLM / OpenAI vs SGLang).
-ALIASES = {"sampling_seed": "seed", "max_tokens": "max_new_tokens"}
+from radixrt.errors import RequestError, from_validation
+
 # Below this temperature sampling is greedy (as SGLang does).
 GREEDY_TEMPERATURE = 1e-5
+# What msgpack (our wire format) can carry; a larger int is a client error, never an encode crash.
+Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+# Fields SGLang accepts that we cannot honour yet: a non-empty value is an error,
+# never a silently unconstrained answer.
+UNSUPPORTED_FIELDS = ("regex", "json_schema", "ebnf", "stop_regex", "structural_tag", "custom_params", "logit_bias")
+
+
+class SamplingParamsIn(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """sampling_params as a client sends them; every field optional."""
+
+    max_new_tokens: NonNegInt | None = None
+    max_tokens: NonNegInt | None = None  # vLLM / OpenAI spelling of max_new_tokens
+    min_new_tokens: NonNegInt | None = None
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[NonNegInt] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: Int64 | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=(1 << 31))] | None = None
+    seed: int | None = None  # any 64-bit value, signed or not (range checked in from_input)
+    sampling_seed: int | None = None  # SGLang's name for seed
+    # Pacing of streamed chunks in SGLang; every chunk here carries what is new, so any value gives the same text.
+    stream_interval: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    stop_regex: Union[str, list[str], None] = None
+    custom_params: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None
 
 
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -41,38 +81,45 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     seed: int | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
+    def from_dict(cls, d: dict[str, Any] | SamplingParamsIn | None) -> SamplingParams:
         """Validate user input; None and missing fields take defaults."""
         if d is None:
             return cls()
-        if not isinstance(d, dict):
-            raise ValueError(f"sampling_params must be an object, got {type(d).__name__}")
-        fields: dict[str, Any] = {}
-        for key, value in d.items():
-            if value is None:
-                continue
-            if key in UNSUPPORTED_FIELDS:
-                if not value:  # an empty constraint (SGLang's client sends stop_regex=[]) asks for nothing
-                    continue
-                raise ValueError(f"sampling_params.{key} (constrained decoding) is not supported by this server yet")
-            fields[ALIASES.get(key, key)] = value
+        if isinstance(d, dict):
+            try:
+                d = msgspec.convert(d, SamplingParamsIn)
+            except msgspec.ValidationError as e:
+                raise from_validation(e, "sampling_params.") from None
+        elif not isinstance(d, SamplingParamsIn):
+            raise RequestError(f"sampling_params must be an object, got {type(d).__name__}", "sampling_params")
+        return cls.from_input(d)
+
+    @classmethod
+    def from_input(cls, sp: SamplingParamsIn) -> SamplingParams:
+        for key in UNSUPPORTED_FIELDS:
+            if getattr(sp, key):  # an empty constraint (SGLang's client sends stop_regex=[]) asks for nothing
+                raise RequestError(f"sampling_params.{key} is not supported by this server yet", key)
+        fields = {k: v for k, v in msgspec.structs.asdict(sp).items() if v is not None and k not in UNSUPPORTED_FIELDS}
+        fields.pop("stream_interval", None)
+        for alias, name in (("max_tokens", "max_new_tokens"), ("sampling_seed", "seed")):
+            if alias in fields:
+                value = fields.pop(alias)
+                fields.setdefault(name, value)
         if isinstance(fields.get("stop"), str):
             fields["stop"] = [fields["stop"]]
-        if isinstance(fields.get("stop"), tuple):
-            fields["stop"] = list(fields["stop"])
         if fields.get("top_k") == 0:
             fields["top_k"] = -1
-        try:
-            params = msgspec.convert(fields, cls, strict=False)
-        except msgspec.ValidationError as e:
-            raise ValueError(f"sampling_params: {_field_message(e)}") from None
+        if fields.get("seed") is not None:
+            _require(-(1 << 63) <= fields["seed"] < (1 << 64), "seed", "must fit in 64 bits", fields["seed"])
+            fields["seed"] %= 1 << 64  # one 64-bit seed space: the sampler mixes seeds modulo 2**64 anyway
+        params = cls(**fields)
         params.check()
         return params
 
     def check(self) -> None:
-        """Range checks; raise ValueError naming the field."""
-        _require(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0", self.max_new_tokens)
-        _require(self.min_new_tokens >= 0, "min_new_tokens", "must be >= 0", self.min_new_tokens)
+        """Range checks; raise RequestError naming the field."""
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+            _require(math.isfinite(getattr(self, name)), name, "must be a finite number", getattr(self, name))
         _require(
             self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "must be <= max_new_tokens", self.min_new_tokens
         )
@@ -97,14 +144,4 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 def _require(ok: bool, field: str, rule: str, value: Any) -> None:
     if not ok:
-        raise ValueError(f"sampling_params.{field} {rule}, got {value!r}")
-
-
-def _field_message(e: msgspec.ValidationError) -> str:
-    # msgspec says e.g. "Expected `float`, got `str` - at `$.temperature`";
-    # put the field name first so the message names it plainly.
-    msg = str(e)
-    if " - at `$." in msg:
-        text, path = msg.rsplit(" - at `$.", 1)
-        return f"{path.rstrip('`')}: {text}"
-    return msg
+        raise RequestError(f"sampling_params.{field} {rule}, got {value!r}", field)

@@ -4,15 +4,22 @@ It stores every token written at its slot, and its "model" predicts the next
 token from what the request's page table actually shows. So if the scheduler
 gets any page, position or retraction wrong, the tokens come out different
 from `reference_next` applied to the true sequence.
+
+`fails(seq)` makes an entry fail, as a request's bad parameters fail a real
+step: it sees the entry's sequence up to the end of its step and returns an
+error message or None. A failed entry's KV is written as garbage (POISON), so
+any reuse of it shows up in later tokens.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
-from radixrt.messages import BatchResult, EntryLogprobs, ForwardBatch, KVMove, WorkerReady
+from radixrt.messages import BatchResult, EntryError, EntryLogprobs, ForwardBatch, KVMove, WorkerReady
 
 VOCAB = 50
+POISON = 17  # what a failed step writes into its KV slots
 
 
 def reference_next(seq: list[int]) -> int:
@@ -28,7 +35,8 @@ def reference_generate(prompt: list[int], n: int) -> list[int]:
 
 class FakeWorker:
     def __init__(self, num_pages: int, page_size: int, context_length: int = 4096, eos_ids=(49,),
-                 host_pages: int = 0, disk_dir: str = "", disk_pages: int = 0) -> None:
+                 host_pages: int = 0, disk_dir: str = "", disk_pages: int = 0,
+                 fails: Callable[[list[int]], str | None] | None = None) -> None:
         self.ready = WorkerReady(num_pages, page_size, VOCAB, context_length, list(eos_ids), 8, page_size * 8,
                                  host_pages, disk_dir, disk_pages)
         self.page_size = page_size
@@ -36,6 +44,7 @@ class FakeWorker:
         self.tables: dict[int, list[int]] = {}  # request slot -> page table
         self.host: dict[int, list] = {}  # host page -> the tokens its KV is of
         self.disk: dict[str, list] = {}  # file key -> the same
+        self.fails = fails
 
     def _file(self, key: str) -> Path:
         return Path(self.ready.disk_dir) / f"{key}.r0.kv"
@@ -74,18 +83,24 @@ class FakeWorker:
             self.tables.pop(s, None)
         for src, dst in zip(batch.copy_src, batch.copy_dst):
             self.slots[dst] = self.slots[src]
-        next_ids, logprobs = [], []
-        for e in batch.entries:
+        next_ids, logprobs, errors = [], [], []
+        for i, e in enumerate(batch.entries):
             if e.init is not None:
+                assert e.slot not in self.tables, f"slot {e.slot} reused before the scheduler freed it"
                 self.tables[e.slot] = []
             table = self.tables[e.slot]
             table += e.new_pages
-            for i, tok in enumerate(e.input_ids):
-                pos = e.start_pos + i
-                self.slots[table[pos // self.page_size] * self.page_size + pos % self.page_size] = tok
+            slot_of = lambda pos: table[pos // self.page_size] * self.page_size + pos % self.page_size  # noqa: E731
+            end = e.start_pos + len(e.input_ids)
+            seq = [self.slots[slot_of(p)] for p in range(e.start_pos)] + e.input_ids
+            error = self.fails(seq) if self.fails is not None else None
+            for pos, tok in zip(range(e.start_pos, end), e.input_ids):
+                self.slots[slot_of(pos)] = POISON if error is not None else tok
+            if error is not None:
+                errors.append(EntryError(i, error))
+                logprobs.append(None)
+                continue
             if e.sample:
-                end = e.start_pos + len(e.input_ids)
-                seq = [self.slots[table[p // self.page_size] * self.page_size + p % self.page_size] for p in range(end)]
                 next_ids.append(reference_next(seq))
             logprobs.append(EntryLogprobs(output=-1.0) if e.logprobs is not None else None)
-        return BatchResult(batch.step, next_ids, logprobs if any(logprobs) else [])
+        return BatchResult(batch.step, next_ids, logprobs if any(logprobs) else [], errors=errors)

@@ -36,12 +36,12 @@ def child_pids(pid: int) -> list[int]:
 
 
 def spawned_children(pid: int) -> list[int]:
-    """The server's worker ranks and scheduler, in start order (ranks first), without
-    multiprocessing's resource tracker."""
+    """The server's worker ranks and scheduler, in start order (ranks first): the children
+    started as `python -c "from radixrt.server.child import main; ..."`."""
     out = []
     for child in sorted(child_pids(pid)):
         with contextlib.suppress(OSError):
-            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if b"radixrt.server.child" in Path(f"/proc/{child}/cmdline").read_bytes():
                 out.append(child)
     return out
 
@@ -81,3 +81,16 @@ def stop(proc: subprocess.Popen, timeout: float = 15) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+def assert_healthy_and_idle(url: str, timeout: float = 10) -> None:
+    """/health is 200, nothing runs or waits, and every KV page is free or cached."""
+    assert requests.get(url + "/health", timeout=5).status_code == 200
+    deadline = time.monotonic() + timeout
+    while True:
+        info = requests.get(url + "/get_server_info", timeout=10).json()
+        if (info["running"] == 0 and info["waiting"] == 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert info["running"] == 0 and info["waiting"] == 0, info
+    assert info["free_pages"] + info["cached_pages"] == info["num_pages"], info

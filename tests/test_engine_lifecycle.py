@@ -20,7 +20,14 @@ def test_unknown_server_argument_is_an_error(llama_path):
 
 
 def test_bad_model_path_fails_at_start_with_the_reason(tmp_path):
-    with pytest.raises(RuntimeError, match="config.json"):
+    # checked before any process starts
+    with pytest.raises(ValueError, match="model_path 'Qwen/Qwen2.5-0.5B-Instruct' is not a local directory"):
+        radixrt.Engine(model_path="Qwen/Qwen2.5-0.5B-Instruct")
+    with pytest.raises(ValueError, match="model_path .* has no config.json"):
+        radixrt.Engine(model_path=str(tmp_path))
+    # found by the worker, which says why
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(RuntimeError, match="worker 0 failed to start: ValueError: .*'gpt2'"):
         radixrt.Engine(model_path=str(tmp_path))
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-L0 = {"radixrt", "radixrt.config", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils"}
+L0 = {"radixrt", "radixrt.config", "radixrt.errors", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils"}
 # package -> radixrt packages it may import (besides itself)
 ALLOWED = {
     "radixrt.kernels": set(),
@@ -22,7 +22,7 @@ ALLOWED = {
     "radixrt": {"radixrt.engine", "radixrt.config", "radixrt.lang"},
 }
 COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.cli", "radixrt.launch_server"}
-L0_FILES = {"config", "sampling_params", "messages", "ipc"}
+L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc"}
 
 
 def package_of(path: Path) -> str:

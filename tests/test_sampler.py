@@ -354,3 +354,38 @@ def test_add_with_previous_output_resumes_counts_position_and_bans():
     resumed.add(1, params, [1, 2], [3], output_ids=got)
     got += [int(resumed.sample(lg, [1])) for lg in logits[4:]]
     assert got == want
+
+
+# -- one bad row -------------------------------------------------------------------
+
+
+def test_sample_isolated_fails_only_the_bad_rows_and_records_the_good_ones_once() -> None:
+    """Rows whose state breaks the batch (a stop id past the vocabulary, which add() never
+    keeps; a slot with no request) fail alone, every step; the other rows get the ids they
+    get without them, and their seeded positions and penalty counts advance once per step."""
+    torch.manual_seed(3)
+    vocab = 12
+    good = {0: SamplingParams(seed=5, temperature=0.9), 2: greedy(frequency_penalty=1.5, min_new_tokens=2)}
+
+    def sampler_with_good_rows() -> Sampler:
+        s = Sampler(4, vocab, CPU)
+        for slot, p in good.items():
+            s.add(slot, p, [], [1])
+        return s
+
+    alone, mixed = sampler_with_good_rows(), sampler_with_good_rows()
+    mixed.add(1, greedy(min_new_tokens=3), [], [1])
+    mixed._slots[1].stop_ids = [vocab + 5]  # NOTE: corrupt on purpose: _ban_stops raises on it
+    logits = torch.randn(4, vocab)
+    logits[:, 3] += 2.0  # a greedy favourite that the frequency penalty takes away after one pick
+    got, want = [], []
+    for _ in range(4):
+        res = mixed.sample_isolated(logits, [0, 1, 2, 3])  # slot 3: no request
+        assert res.ids[1] is None and res.ids[3] is None and res.errors.keys() == {1, 3}
+        assert "IndexError" in res.errors[1] and "KeyError" in res.errors[3]
+        got.append([res.ids[0], res.ids[2]])
+        want.append(alone.sample(logits[[0, 2]], [0, 2]).tolist())
+    assert got == want
+    assert len({ids[1] for ids in want}) > 1, "the penalty should have moved the greedy row"
+    clean = sampler_with_good_rows().sample_isolated(logits[[0, 2]], [0, 2])
+    assert clean.errors == {} and clean.ids == want[0]

@@ -187,7 +187,7 @@ def test_copy_on_write_reuses_the_partial_last_page():
 def test_the_same_prompt_twice_reports_all_but_the_last_token_cached():
     for page_size in (1, 16):
         s, w = make(num_pages=256, page_size=page_size)
-        prompt = list(range(3, 60))
+        prompt = [i % 50 for i in range(3, 60)]  # in the fake vocabulary
         outs = []
         for rid in ("first", "second"):
             s.add_request(req(rid, prompt, 3))
@@ -311,4 +311,113 @@ def test_longest_prefix_first_counts_what_the_lower_tiers_hold(tmp_path):
     outputs, _ = run(s, w, [])
     for r in (hit, miss):
         assert first.get(r.rid, []) + outputs[r.rid] == reference_generate(r.input_ids, 2), r.rid
+    assert_idle_pool(s)
+
+
+# -- one request's failure fails that request alone ------------------------------------
+
+
+def test_an_entry_the_worker_fails_finishes_alone_and_its_kv_is_never_reused():
+    bad = [7, 7, 3, 9, 1, 4, 2, 8, 5, 6]  # 2.5 pages: the failed decode writes into a page that held good KV
+    prompts = {"bad": bad, "ok1": [1, 2, 3, 4, 5], "ok2": [9, 8, 7] * 5}
+    fails = lambda seq: "boom" if seq[: len(bad)] == bad and len(seq) == len(bad) + 3 else None  # noqa: E731
+    s, w = make(num_pages=64, page_size=4, max_running_requests=1)  # one slot: the next request reuses it
+    w.fails = fails
+    outputs, finish = run(s, w, [req(rid, p, 6) for rid, p in prompts.items()])
+    assert finish["bad"].type == "abort" and finish["bad"].status_code == 500
+    assert finish["bad"].message == "internal error: boom"
+    assert outputs["bad"] == reference_generate(bad, 6)[:3]  # what came before the failed step
+    for rid in ("ok1", "ok2"):
+        assert outputs[rid] == reference_generate(prompts[rid], 6) and finish[rid].type == "length"
+    assert_idle_pool(s)
+    # The failed step wrote POISON; a request extending the same sequence hits the cache only before it.
+    w.fails = None
+    again = bad + reference_generate(bad, 4)  # its match could reach into the failed step's position
+    cached = s.counters["cached_prompt_tokens"]
+    outputs, _ = run(s, w, [req("again", again, 4)])
+    assert outputs["again"] == reference_generate(again, 4)
+    assert s.counters["cached_prompt_tokens"] - cached == len(bad) + 2  # the KV of the steps that ran
+    assert_idle_pool(s)
+
+
+def test_a_failed_prefill_chunk_frees_its_pages_and_others_in_the_batch_go_on():
+    rng = random.Random(11)
+    bad = [rng.randrange(50) for _ in range(90)]
+    s, w = make(num_pages=128, page_size=4, chunked_prefill_size=32)
+    w.fails = lambda seq: "chunk" if seq == bad[:64] else None  # the second chunk
+    others = [req(f"r{i}", [rng.randrange(50) for _ in range(rng.randint(5, 40))], 8) for i in range(4)]
+    outputs, finish = run(s, w, [req("bad", bad, 8), *others], arrivals={i + 1: i for i in range(4)})
+    assert finish["bad"].status_code == 500 and outputs["bad"] == []
+    for r in others:
+        assert outputs[r.rid] == reference_generate(r.input_ids, 8), r.rid
+    assert_idle_pool(s)
+    assert s.mem.cache.match_prefix(bad).pages == s.mem.cache.match_prefix(bad[:32]).pages  # only chunk 1 cached
+
+
+def test_a_stop_check_that_raises_fails_its_request_and_the_rest_finish():
+    s, w = make(num_pages=64, page_size=4)
+    check = s.stop.check
+    s.stop.check = lambda r: 1 / 0 if r.rid == "bad" and r.output_len == 2 else check(r)
+    outputs, finish = run(s, w, [req("bad", [1, 2, 3], 5), req("ok", [4, 5, 6], 5)])
+    assert finish["bad"].type == "abort" and finish["bad"].status_code == 500
+    assert "ZeroDivisionError" in finish["bad"].message
+    assert outputs["bad"] == reference_generate([1, 2, 3], 5)[:1]  # the token of the failed check is not sent
+    assert outputs["ok"] == reference_generate([4, 5, 6], 5)
+    assert_idle_pool(s)
+
+
+def test_requests_the_model_cannot_run_are_refused_with_400():
+    s, w = make(num_pages=64, page_size=4)  # the fake model's context: 4096
+    bad = {
+        "empty": TokenizedRequest("empty", [], SamplingParams()),
+        "vocab": TokenizedRequest("vocab", [1, 50], SamplingParams()),
+        "negative": TokenizedRequest("negative", [1, -1], SamplingParams()),
+        "long": TokenizedRequest("long", [1] * 4096, SamplingParams()),
+        "start": TokenizedRequest("start", [1, 2], SamplingParams(), return_logprob=True, logprob_start_len=2),
+        "sampling": TokenizedRequest("sampling", [1, 2], SamplingParams(top_p=0.0)),
+    }
+    for msg in bad.values():
+        s.add_request(msg)
+    assert s.idle
+    outs = {o.rid: o.finish for o in s.take_outputs()}
+    assert outs.keys() == bad.keys()
+    assert all(f.type == "abort" and f.status_code == 400 for f in outs.values()), outs
+    assert "outside the vocabulary" in outs["vocab"].message and "-1" in outs["negative"].message
+    assert "top_p" in outs["sampling"].message and "logprob_start_len" in outs["start"].message
+    outputs, _ = run(s, w, [req("ok", [1, 2, 3], 3)])
+    assert outputs["ok"] == reference_generate([1, 2, 3], 3)
+
+
+def test_an_undecodable_message_is_answered_by_its_rid_and_drops_a_request_held_under_it():
+    import msgspec
+
+    from radixrt.ipc import Undecodable
+    from radixrt.messages import FrontendMsg
+
+    def undecodable(payload) -> Undecodable:
+        raw = payload if isinstance(payload, bytes) else msgspec.msgpack.encode(payload)
+        try:
+            msgspec.msgpack.decode(raw, type=FrontendMsg)
+        except msgspec.DecodeError as e:
+            return Undecodable(raw, e)
+        raise AssertionError("decoded")
+
+    s, w = make(num_pages=64, page_size=4)
+    for payload in (b"\xc1garbage", {"type": "TokenizedRequest", "rid": 5, "input_ids": [1], "sampling": {}}, [1, 2]):
+        e = undecodable(payload)
+        s.reject_undecodable(e.raw, e.error)
+    assert s.take_outputs() == []  # nobody to answer
+    e = undecodable({"type": "TokenizedRequest", "rid": "x", "input_ids": ["a"], "sampling": {}})
+    s.reject_undecodable(e.raw, e.error)
+    (out,) = s.take_outputs()
+    assert out.rid == "x" and out.new_ids == [] and out.finish.status_code == 400
+    assert out.finish.message == "malformed request: input_ids[0]: expected `int`, got `str`"
+    s.add_request(req("held", [1, 2, 3, 4, 5], 50))
+    for _ in range(3):
+        s.process(w.forward(s.schedule()))
+    s.take_outputs()
+    e = undecodable({"type": "TokenizedRequest", "rid": "held", "input_ids": [1], "sampling": {"temperature": "hot"}})
+    s.reject_undecodable(e.raw, e.error)
+    (out,) = s.take_outputs()
+    assert out.rid == "held" and out.finish.status_code == 400 and "sampling.temperature" in out.finish.message
     assert_idle_pool(s)

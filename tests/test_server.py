@@ -14,7 +14,7 @@ import pytest
 import radixrt
 import requests
 from helpers import all_gone, corpus_prompts
-from server_proc import child_pids, running_server
+from server_proc import assert_healthy_and_idle, child_pids, running_server, spawned_children
 
 ARGS = ("--page-size", "16", "--max-total-tokens", "16384")
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
@@ -37,17 +37,6 @@ def stream_events(resp: requests.Response) -> list:
             payload = line[6:]
             events.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
     return events
-
-
-def assert_idle_pool(url: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        info = requests.get(url + "/get_server_info", timeout=10).json()
-        if info["running"] == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert info["running"] == 0 and info["waiting"] == 0, info
-    assert info["free_pages"] + info["cached_pages"] == info["num_pages"], info
 
 
 def test_greedy_outputs_equal_the_engine(server, llama_path):
@@ -76,12 +65,12 @@ def test_64_concurrent_streams_join_into_the_non_stream_text(server, llama_path)
         assert all(b.startswith(a) for a, b in zip(texts, texts[1:])), "stream text is cumulative"
         assert texts[-1] == full["text"] and events[-2]["output_ids"] == full["output_ids"]
         assert events[-2]["meta_info"]["finish_reason"] is not None
-    assert_idle_pool(server)
+    assert_healthy_and_idle(server)
 
 
 BAD = [
     ("/generate", "{not json", "malformed JSON"),
-    ("/generate", {"text": 123}, "string"),
+    ("/generate", {"text": 123}, "text: expected `str"),
     ("/generate", {"text": "hi", "sampling_params": "hot"}, "object"),
     ("/generate", {"text": "hi", "stream": "yes"}, "stream"),
     ("/generate", {"text": ""}, "empty"),
@@ -91,7 +80,7 @@ BAD = [
     ("/generate", {"text": "hi", "image_data": "x.png"}, "image_data"),
     ("/generate", {"text": "hi", "bogus": 1}, "bogus"),
     ("/v1/completions", {"model": "no-such-model", "prompt": "hi"}, "does not exist"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, "max_new_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, "max_tokens"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": -2}, "temperature"),
 ]
@@ -183,7 +172,7 @@ def test_a_client_that_disconnects_mid_stream_gives_its_pages_back(server):
         lines = r.iter_lines()
         for _ in range(6):
             next(lines)
-    assert_idle_pool(server)
+    assert_healthy_and_idle(server)
 
 
 def test_metrics_flush_and_abort(server):
@@ -205,17 +194,89 @@ def test_metrics_flush_and_abort(server):
         assert post(server, "/abort_request", {"rid": "to-abort"}).status_code == 200
         events = [json.loads(l[6:]) for l in lines if l.startswith(b"data: {")]
     assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
-    assert_idle_pool(server)
+    assert_healthy_and_idle(server)
 
 
-def test_api_key_and_sigterm_stops_every_process(llama_path):
-    with running_server(llama_path, *ARGS, "--api-key", "sekrit") as (url, proc):
-        assert requests.get(url + "/health", timeout=10).status_code == 200
+def test_a_dead_child_fails_its_requests_and_brings_the_server_down(llama_path):
+    """SIGKILL of a backend process: /health turns 503 at once, waiting non-streaming chat
+    requests get a 5xx (never a 200 with partial text), and the server exits non-zero."""
+    with running_server(llama_path, *ARGS) as (url, proc):
+        children = child_pids(proc.pid)
+        chat = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 3000,
+                "ignore_eos": True}
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(post, url, "/v1/chat/completions", chat) for _ in range(4)]
+            time.sleep(1.0)  # they are running
+            os.kill(max(spawned_children(proc.pid)), signal.SIGKILL)  # the scheduler starts last
+            killed = time.monotonic()
+            status = None
+            while time.monotonic() - killed < 2:
+                try:
+                    status = requests.get(url + "/health", timeout=1).status_code
+                except requests.ConnectionError:
+                    status = "closed"
+                if status != 200:
+                    break
+            assert status in (503, "closed") and time.monotonic() - killed < 0.5, status
+            answers = [f.result() for f in futures]
+        assert all(r.status_code >= 500 for r in answers), [(r.status_code, r.text[:200]) for r in answers]
+        assert all("exited with code" in r.json()["error"]["message"] for r in answers)
+        code = proc.wait(15)
+        assert code != 0
+        log = proc.stdout.read()
+        assert "died" in log and "exited with code" in log
+        assert all_gone(children)
+
+
+def test_sigterm_under_32_streams_answers_every_client_and_exits_0(llama_path):
+    """Streams that can finish within --graceful-shutdown-timeout do; the rest get an error
+    event with the reason. No client is left without an answer, no traceback is logged."""
+    with running_server(llama_path, *ARGS, "--graceful-shutdown-timeout", "3") as (url, proc):
+        def stream(i: int) -> list:
+            tokens = 6 if i % 2 else 3000  # half finish in time, half cannot
+            body = {"text": f"stream {i}", "stream": True, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
+            with post(url, "/generate", body, stream=True) as r:
+                return stream_events(r)
+
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            futures = [pool.submit(stream, i) for i in range(32)]
+            time.sleep(1.5)
+            proc.send_signal(signal.SIGTERM)
+            results = [f.result(timeout=60) for f in futures]
+        assert proc.wait(30) == 0
+        finished = errored = 0
+        for events in results:
+            assert events and events[-1] == "[DONE]", events[-3:]
+            last = events[-2]
+            if "error" in last:
+                assert "shutting down" in last["error"]["message"] and last["error"]["code"] == 503
+                errored += 1
+            else:
+                assert last["meta_info"]["finish_reason"]["type"] == "length"
+                finished += 1
+        assert finished >= 16 and errored >= 1, (finished, errored)
+        assert "Traceback" not in proc.stdout.read()
+
+
+def test_api_keys_and_sigterm_stops_every_process(llama_path):
+    keys = ("--api-key", "sekrit", "--admin-api-key", "boss")
+    with running_server(llama_path, *ARGS, *keys) as (url, proc):
+        for open_path in ("/health", "/health_generate", "/metrics"):  # probes and scrapers need no key
+            assert requests.get(url + open_path, timeout=30).status_code == 200, open_path
         r = post(url, "/generate", {"text": "hi"})
         assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
         assert requests.get(url + "/v1/models", timeout=10, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        ok = post(url, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}}, headers={"Authorization": "Bearer sekrit"})
-        assert ok.status_code == 200
+        for header in ("Bearer sekrit", "bearer sekrit", "BEARER  sekrit"):  # the scheme in any case
+            ok = post(url, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}}, headers={"Authorization": header})
+            assert ok.status_code == 200, header
+        # admin routes take the admin key, not the ordinary one (SGLang's ADMIN_OPTIONAL)
+        assert post(url, "/flush_cache", {}, headers={"Authorization": "Bearer sekrit"}).status_code == 401
+        assert post(url, "/abort_request", {"rid": "x"}, headers={"Authorization": "Bearer sekrit"}).status_code == 401
+        assert post(url, "/flush_cache", {}, headers={"Authorization": "Bearer boss"}).status_code == 200
+        assert post(url, "/abort_request", {"rid": "x"}, headers={"Authorization": "Bearer boss"}).status_code == 200
+        assert post(url, "/generate", {"text": "hi"}, headers={"Authorization": "Bearer boss"}).status_code == 401
+        info = requests.get(url + "/get_server_info", timeout=10, headers={"Authorization": "Bearer sekrit"}).json()
+        assert "api_key" not in info and "admin_api_key" not in info
         children = child_pids(proc.pid)
         assert len(children) >= 2
         start = time.monotonic()
@@ -225,14 +286,14 @@ def test_api_key_and_sigterm_stops_every_process(llama_path):
         assert all_gone(children)
 
 
-def test_a_dead_child_brings_the_server_down_with_a_clear_message(llama_path):
-    with running_server(llama_path, *ARGS) as (url, proc):
-        children = child_pids(proc.pid)
-        victim = max(children)  # the scheduler starts last
-        os.kill(victim, signal.SIGKILL)
-        start = time.monotonic()
-        code = proc.wait(15)
-        assert code != 0 and time.monotonic() - start < 15
-        log = proc.stdout.read()
-        assert "died" in log and "exited with code" in log
-        assert all_gone(children)
+def test_without_an_admin_key_admin_routes_take_the_api_key():
+    from radixrt.config import ServerArgs
+    from radixrt.server.http_server import bearer_matches, required_key
+
+    args = ServerArgs(model_path="m", api_key="k")
+    assert required_key("/flush_cache", args) == "k" and required_key("/health_generate", args) is None
+    assert required_key("/metrics", args) is None and required_key("/generate", args) == "k"
+    only_admin = ServerArgs(model_path="m", admin_api_key="a")
+    assert required_key("/generate", only_admin) is None and required_key("/abort_request", only_admin) == "a"
+    assert bearer_matches("Bearer k", "k") and bearer_matches("bearer   k ", "k")
+    assert not bearer_matches("Bearer kk", "k") and not bearer_matches("Basic k", "k") and not bearer_matches(None, "k")

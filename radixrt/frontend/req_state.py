@@ -36,6 +36,13 @@ class ReqState:
     def done(self) -> bool:
         return self.finish is not None
 
+    @property
+    def error(self) -> FinishReason | None:
+        """The finish reason when the request failed (an abort with an HTTP status), else None.
+        An abort the client asked for is not an error: its partial result is the answer."""
+        f = self.finish
+        return f if f is not None and f.type == "abort" and f.status_code is not None else None
+
     def apply(self, out: ReqOutput) -> None:
         if out.new_ids:
             now = time.perf_counter()
@@ -53,10 +60,10 @@ class ReqState:
             self.finished_at = time.perf_counter()
         self.notify()
 
-    def fail(self, message: str) -> None:
-        """The backend is gone: finish with an abort that says why."""
+    def fail(self, message: str, status_code: int = 503) -> None:
+        """Finish with an abort that says why (the backend is gone: 503; our bug: 500)."""
         if self.finish is None:
-            self.finish = FinishReason("abort", message=message)
+            self.finish = FinishReason("abort", message=message, status_code=status_code)
             self.finished_at = time.perf_counter()
             self.notify()
 

@@ -1,24 +1,37 @@
 """TokenizerManager: the front door to the scheduler.
 
-Validates and tokenizes requests, sends them to the scheduler, and routes the
+Validates and tokenizes requests (off the caller's thread when asked:
+`submit_all_async` tokenizes in a small thread pool so an HTTP event loop
+never stalls on a long prompt), sends them to the scheduler, and routes the
 scheduler's per-step outputs to each request's state from one receiving
 thread (which blocks on its socket; a one-second timeout lets it notice a dead
 backend). Callers wait on their own notification, sync or async.
+
+Lifecycle guarantees: a call is validated whole before any of it is sent (a
+refused call leaves nothing running and no rid taken); if the receiving thread
+fails for any reason, every pending request and control call is failed with
+the reason instead of hanging.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import queue
 import threading
 import uuid
-from typing import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
 
+import msgspec
 import zmq
 
 from radixrt.config import ServerArgs
+from radixrt.errors import RequestError
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
-from radixrt.frontend.generate_input import GenerateInput
+from radixrt.frontend.generate_input import GenerateInput, GenerateItem
 from radixrt.frontend.req_state import ReqState
 from radixrt.ipc import Receiver, Sender
 from radixrt.messages import (
@@ -36,10 +49,23 @@ from radixrt.sampling_params import SamplingParams
 from radixrt.utils.procs import Addresses
 
 logger = logging.getLogger(__name__)
+TOKENIZE_THREADS = 4
+# A normalizer may grow text (NFKC: one ligature becomes two letters); the cheap length
+# bound divides by this much more than the longest token, so it never refuses a prompt that fits.
+NORMALIZE_SLACK = 4
 
 
 class BackendDied(RuntimeError):
     """A scheduler or worker process exited while the frontend was running."""
+
+
+@dataclass(frozen=True)
+class PreparedReq:
+    """One validated, tokenized request, ready to send."""
+
+    ids: list[int]
+    item: GenerateItem
+    logprob_start: int
 
 
 class TokenizerManager:
@@ -53,17 +79,20 @@ class TokenizerManager:
     ):
         from transformers import AutoTokenizer
 
+        self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
         self.context_length = worker.context_length
         self.vocab_size = worker.vocab_size
+        self.max_token_bytes = max(len(t.encode("utf-8", "replace")) for t in self.tokenizer.get_vocab()) or 1
         self._check_alive = check_alive  # -> None, or why the backend is gone
         self._observer = observer  # sees every output before it is applied (metrics)
+        self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="radixrt-tokenize")
         self._ctx = zmq.Context()
         self._to_scheduler: Sender[FrontendMsg] = Sender(self._ctx, addrs.scheduler_in)
         self._from_scheduler: Receiver[SchedulerToFrontend] = Receiver(self._ctx, addrs.frontend_in, SchedulerToFrontend)
-        self._control_waiters: dict[str, queue.SimpleQueue[ControlReply]] = {}
+        self._control_waiters: dict[str, queue.SimpleQueue[ControlReply | BackendDied]] = {}
         self._states: dict[str, ReqState] = {}
-        self._lock = threading.Lock()  # guards _states and the sender
+        self._lock = threading.Lock()  # guards _states, _control_waiters and the sender
         self.dead: str | None = None
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._receive_loop, name="radixrt-frontend-recv", daemon=True)
@@ -72,117 +101,240 @@ class TokenizerManager:
     # -- input -----------------------------------------------------------------
 
     def tokenize(self, prompt: str | None, input_ids: list[int] | None) -> list[int]:
+        """Token ids of one prompt, checked against the vocabulary and the context
+        (truncated to fit with --allow-auto-truncate). Raises RequestError."""
         if (prompt is None) == (input_ids is None):
-            raise ValueError("give exactly one of prompt (text) or input_ids")
+            raise RequestError("give exactly one of prompt (text) or input_ids", "text")
+        room = self.context_length - 1  # the prompt leaves room for at least one generated token
         if prompt is not None:
             if not isinstance(prompt, str):
-                raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+                raise RequestError(f"prompt must be a string, got {type(prompt).__name__}", "text")
+            _check_unicode(prompt, "text")
+            # No token is longer than max_token_bytes, so a text this long cannot fit: refuse
+            # (or cut) it before the tokenizer spends seconds on it.
+            cap = (room + 1) * self.max_token_bytes * NORMALIZE_SLACK
+            if len(prompt) > cap:
+                if not self.args.allow_auto_truncate:
+                    raise RequestError(
+                        f"the prompt has at least {len(prompt) // (self.max_token_bytes * NORMALIZE_SLACK)} tokens; "
+                        f"the context length is {self.context_length}", "text")
+                prompt = prompt[:cap]
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
-            if not isinstance(input_ids, list) or not all(isinstance(i, int) for i in input_ids):
-                raise ValueError("input_ids must be a list of integers")
             bad = [i for i in input_ids if not 0 <= i < self.vocab_size]
             if bad:
-                raise ValueError(f"input_ids contains {bad[0]}, outside the vocabulary of {self.vocab_size}")
+                raise RequestError(f"input_ids contains {bad[0]}, outside the vocabulary of {self.vocab_size}", "input_ids")
             ids = list(input_ids)
         if not ids:
-            raise ValueError("prompt is empty")
-        if len(ids) >= self.context_length:
-            raise ValueError(f"prompt has {len(ids)} tokens; the context length is {self.context_length}")
+            raise RequestError("prompt is empty", "text" if prompt is not None else "input_ids")
+        if len(ids) > room:
+            if not self.args.allow_auto_truncate:
+                raise RequestError(f"the prompt has {len(ids)} tokens; the context length is {self.context_length}",
+                                   "text" if prompt is not None else "input_ids")
+            del ids[room:]
         return ids
 
-    def submit(
-        self,
-        ids: list[int],
-        sampling: SamplingParams,
-        notify: Callable[[], None],
-        *,
-        rid: str | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int | None = None,
-        top_logprobs_num: int = 0,
-        return_text_in_logprobs: bool = False,
-        cache_salt: str | None = None,
-    ) -> ReqState:
-        if self.dead:
-            raise BackendDied(self.dead)
+    def prepare(self, gen: GenerateInput) -> list[PreparedReq]:
+        """Tokenize and validate every item of a call (nothing is sent). Raises RequestError."""
+        memo: dict[int, list[int]] = {}  # the n samples of one prompt share its tokens
+        out = []
+        for item in gen.items:
+            key = id(item.prompt if item.prompt is not None else item.input_ids)
+            if key not in memo:
+                memo[key] = self.tokenize(item.prompt, item.input_ids)
+            ids = memo[key]
+            item = self._fit_to_context(item, len(ids))
+            self._check_item(item)
+            start = _logprob_start(len(ids), item.return_logprob, item.logprob_start_len, item.top_logprobs_num)
+            out.append(PreparedReq(ids, item, start))
+        return out
+
+    def _fit_to_context(self, item: GenerateItem, prompt_len: int) -> GenerateItem:
+        """SGLang's rule: an explicit max_new_tokens must fit beside the prompt in the context."""
+        sp = item.sampling
+        if not item.max_tokens_given or prompt_len + sp.max_new_tokens < self.context_length:
+            return item
+        if not self.args.allow_auto_truncate:
+            raise RequestError(
+                f"the prompt ({prompt_len} tokens) plus max_new_tokens ({sp.max_new_tokens}) exceeds "
+                f"the context length of {self.context_length} tokens", "max_new_tokens")
+        room = max(0, self.context_length - 1 - prompt_len)
+        sampling = msgspec.structs.replace(sp, max_new_tokens=room, min_new_tokens=min(sp.min_new_tokens, room))
+        return dataclasses.replace(item, sampling=sampling)
+
+    def _check_item(self, item: GenerateItem) -> None:
+        bad = [t for t in item.sampling.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise RequestError(f"stop_token_ids contains {bad[0]}, outside the vocabulary of {self.vocab_size}",
+                               "stop_token_ids")
+        if item.top_logprobs_num > self.vocab_size:
+            raise RequestError(f"top_logprobs_num must be <= the vocabulary size {self.vocab_size}, "
+                               f"got {item.top_logprobs_num}", "top_logprobs_num")
+        for s in item.sampling.stop:
+            _check_unicode(s, "stop")
+        for value, name in ((item.rid, "rid"), (item.cache_salt, "cache_salt")):
+            if value is not None:
+                _check_unicode(value, name)
+
+    def submit(self, ids: list[int], sampling: SamplingParams, notify: Callable[[], None], *, rid: str | None = None,
+               return_logprob: bool = False, logprob_start_len: int | None = None, top_logprobs_num: int = 0,
+               return_text_in_logprobs: bool = False, cache_salt: str | None = None) -> ReqState:
+        """Send one already tokenized request as is (no door checks beyond the logprob options)."""
+        item = GenerateItem(None, ids, sampling, rid, return_logprob, logprob_start_len, top_logprobs_num,
+                            return_text_in_logprobs, cache_salt)
         start = _logprob_start(len(ids), return_logprob, logprob_start_len, top_logprobs_num)
-        rid = rid or uuid.uuid4().hex
-        detok = IncrementalDetokenizer(self.tokenizer, sampling)
-        state = ReqState(rid, ids, sampling, detok, notify, return_logprob, return_text_in_logprobs)
-        msg = TokenizedRequest(rid, ids, sampling, return_logprob, start, top_logprobs_num, cache_salt)
-        with self._lock:
-            if rid in self._states:
-                raise ValueError(f"rid {rid!r} is already in use")
-            self._states[rid] = state
-            self._to_scheduler.send(msg)
-        return state
+        return self.submit_prepared([PreparedReq(list(ids), item, start)], notify)[0]
 
     def submit_all(self, gen: GenerateInput, notify: Callable[[], None]) -> list[ReqState]:
-        """Tokenize and validate every item, then send them all (nothing is sent if one is bad)."""
-        ids = [self.tokenize(item.prompt, item.input_ids) for item in gen.items]
-        for tokens, item in zip(ids, gen.items):
-            _logprob_start(len(tokens), item.return_logprob, item.logprob_start_len, item.top_logprobs_num)
-        return [
-            self.submit(
-                tokens, item.sampling, notify, rid=item.rid, return_logprob=item.return_logprob,
-                logprob_start_len=item.logprob_start_len, top_logprobs_num=item.top_logprobs_num,
-                return_text_in_logprobs=item.return_text_in_logprobs, cache_salt=item.cache_salt,
-            )
-            for tokens, item in zip(ids, gen.items)
-        ]
+        """Validate every item, then send them all (nothing is sent if one is bad)."""
+        return self.submit_prepared(self.prepare(gen), notify)
+
+    async def submit_all_async(self, gen: GenerateInput, notify: Callable[[], None]) -> list[ReqState]:
+        """submit_all with the tokenizing done in the thread pool, off the event loop."""
+        prepared = await asyncio.get_running_loop().run_in_executor(self._pool, self.prepare, gen)
+        return self.submit_prepared(prepared, notify)
+
+    async def run_off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run other heavy input work (a chat template) in the tokenizing pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def submit_prepared(self, prepared: list[PreparedReq], notify: Callable[[], None]) -> list[ReqState]:
+        """Register and send a validated call, all or nothing: a taken rid refuses the whole call."""
+        if self.dead:
+            raise BackendDied(self.dead)
+        states, msgs = [], []
+        for p in prepared:
+            it = p.item
+            rid = it.rid or uuid.uuid4().hex
+            detok = IncrementalDetokenizer(self.tokenizer, it.sampling)
+            states.append(ReqState(rid, p.ids, it.sampling, detok, notify, it.return_logprob, it.return_text_in_logprobs))
+            msgs.append(TokenizedRequest(rid, p.ids, it.sampling, it.return_logprob, p.logprob_start,
+                                         it.top_logprobs_num, it.cache_salt))
+        with self._lock:
+            rids: set[str] = set()
+            for s in states:
+                if s.rid in self._states or s.rid in rids:
+                    raise RequestError(f"rid {s.rid!r} is already in use", "rid")
+                rids.add(s.rid)
+            self._states.update((s.rid, s) for s in states)
+            sent = 0
+            try:
+                for msg in msgs:
+                    self._to_scheduler.send(msg)
+                    sent += 1
+            except BaseException:
+                for s in states:
+                    del self._states[s.rid]
+                for msg in msgs[:sent]:  # best effort: what did go out must not run unowned
+                    self._to_scheduler.send(AbortRequest(msg.rid))
+                raise
+        return states
 
     def abort(self, rid: str) -> None:
         with self._lock:
             if rid in self._states:
                 self._to_scheduler.send(AbortRequest(rid))
 
+    def abort_all(self) -> None:
+        with self._lock:
+            for rid in self._states:
+                self._to_scheduler.send(AbortRequest(rid))
+
+    def fail_pending(self, why: str, status_code: int = 503) -> None:
+        """Finish every pending request now with an error (graceful shutdown ran out of time)
+        and tell the scheduler to drop them."""
+        with self._lock:
+            states, self._states = list(self._states.values()), {}
+            for s in states:
+                if not self.dead:
+                    self._to_scheduler.send(AbortRequest(s.rid))
+        for s in states:
+            s.fail(why, status_code)
+
     def control(self, kind: str, timeout: float = 30.0) -> ControlReply:
-        """Ask the scheduler ("stats" or "flush_cache") and wait for its reply."""
+        """Ask the scheduler ("stats" or "flush_cache") and wait for its reply.
+        Raises BackendDied when the backend is gone, TimeoutError when it does not answer."""
         if self.dead:
             raise BackendDied(self.dead)
-        query_id, reply = uuid.uuid4().hex, queue.SimpleQueue()
+        query_id, box = uuid.uuid4().hex, queue.SimpleQueue()
         with self._lock:
-            self._control_waiters[query_id] = reply
+            self._control_waiters[query_id] = box
             self._to_scheduler.send(ControlRequest(query_id, kind))
-        return reply.get(timeout=timeout)
+        try:
+            reply = box.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"the scheduler did not answer {kind!r} within {timeout:.0f} s") from None
+        finally:
+            with self._lock:
+                self._control_waiters.pop(query_id, None)
+        if isinstance(reply, BackendDied):
+            raise reply
+        return reply
 
     # -- output ----------------------------------------------------------------
 
     def _receive_loop(self) -> None:
-        while not self._closed.is_set():
-            try:
+        try:
+            while not self._closed.is_set():
                 msg = self._from_scheduler.recv(timeout_ms=1000)
-            except zmq.ZMQError:
-                return  # closed under us during shutdown
-            if msg is None:
-                if self._closed.is_set():
-                    return
-                why = self._check_alive()
-                if why is not None:
-                    self._fail_all(why)
-                    return
-                continue
-            if isinstance(msg, ControlReply):
-                self._control_waiters.pop(msg.query_id).put(msg)
-                continue
-            for out in msg.outputs:
-                with self._lock:
-                    state = self._states.get(out.rid)
-                    if state is not None and out.finish is not None:
-                        del self._states[out.rid]
-                if state is not None:
-                    if self._observer is not None:
-                        self._observer(state, out)
-                    state.apply(out)
+                if msg is None:
+                    why = None if self._closed.is_set() else self._check_alive()
+                    if why is not None:
+                        self.backend_died(why)
+                        return
+                    continue
+                self._dispatch(msg)
+        except Exception as e:  # noqa: BLE001 - whatever it was, no request may hang on it
+            if self._closed.is_set():
+                return  # the socket was closed under us during shutdown
+            logger.exception("the frontend's receiving thread failed")
+            self.backend_died(f"the frontend's receiving thread failed: {type(e).__name__}: {e}")
 
-    def _fail_all(self, why: str) -> None:
+    def _dispatch(self, msg: SchedulerToFrontend) -> None:
+        if isinstance(msg, ControlReply):
+            with self._lock:
+                box = self._control_waiters.get(msg.query_id)
+            if box is not None:  # else its caller timed out and left
+                box.put(msg)
+            return
+        for out in msg.outputs:
+            with self._lock:
+                state = self._states.get(out.rid)
+                if state is not None and out.finish is not None:
+                    del self._states[out.rid]
+            if state is None:
+                continue
+            if self._observer is not None:
+                try:
+                    self._observer(state, out)
+                except Exception:  # noqa: BLE001 - metrics must not cost a request its answer
+                    logger.exception("the output observer failed on %s", out.rid)
+            try:
+                state.apply(out)
+            except Exception as e:  # noqa: BLE001
+                logger.exception("applying an output to %s failed", out.rid)
+                self._drop(state, f"internal error: {type(e).__name__}: {e}")
+
+    def _drop(self, state: ReqState, why: str) -> None:
+        """Fail one request whose output could not be applied, and stop it."""
+        with self._lock:
+            if self._states.pop(state.rid, None) is not None:
+                self._to_scheduler.send(AbortRequest(state.rid))
+        state.fail(why, 500)
+
+    def backend_died(self, why: str) -> None:
+        """Fail every pending request (503) and control call; nothing more is sent."""
+        if self.dead is not None:
+            return
         logger.error("backend died: %s", why)
         self.dead = why
         with self._lock:
             states, self._states = list(self._states.values()), {}
+            waiters, self._control_waiters = list(self._control_waiters.values()), {}
         for s in states:
-            s.fail(why)
+            s.fail(why, 503)
+        for box in waiters:
+            box.put(BackendDied(why))
 
     def close(self) -> None:
         """Ask the scheduler (and through it the workers) to stop; stop receiving."""
@@ -191,17 +343,27 @@ class TokenizerManager:
             with self._lock:
                 self._to_scheduler.send(Shutdown())
         self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._ctx.destroy(linger=0)
+
+
+def _check_unicode(text: str, field: str) -> None:
+    """Lone surrogates cannot be tokenized nor sent: refuse them, naming the field."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"{field} is not valid Unicode: {e.reason} at position {e.start}", field) from None
 
 
 def _logprob_start(prompt_len: int, return_logprob: bool, start: int | None, top_n: int) -> int:
     """Validate logprob options; without a start, one prompt logprob comes back (SGLang's default)."""
     if top_n < 0:
-        raise ValueError(f"top_logprobs_num must be >= 0, got {top_n}")
+        raise RequestError(f"top_logprobs_num must be >= 0, got {top_n}", "top_logprobs_num")
     if not return_logprob:
         return -1
     if start is None or start == -1:
         return prompt_len - 1
     if not 0 <= start < prompt_len:
-        raise ValueError(f"logprob_start_len must be in [0, {prompt_len}) for this prompt, got {start}")
+        raise RequestError(f"logprob_start_len must be in [0, {prompt_len}) for this prompt, got {start}",
+                           "logprob_start_len")
     return start

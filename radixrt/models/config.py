@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -45,6 +47,11 @@ class ModelConfig:
         window = c.get("sliding_window")
         if window and c.get("use_sliding_window", True) and window < c.get("max_position_embeddings", 0):
             raise ValueError(f"sliding_window attention ({window} tokens) is not supported; this model needs it")
+        missing = [k for k in REQUIRED_KEYS if k not in c]
+        if missing:  # e.g. GPT-2's config.json, which names its sizes n_head, n_embd, ...
+            raise ValueError(
+                f"config.json (model_type {c.get('model_type')!r}) lacks {missing}: not a Llama-family model"
+            )
         heads = c["num_attention_heads"]
         rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
         theta = rope.pop("rope_theta", c.get("rope_theta", 10000.0))

@@ -18,6 +18,7 @@ from typing import Any
 
 from radixrt.cache import MatchResult
 from radixrt.config import ServerArgs
+from radixrt.errors import from_validation
 from radixrt.messages import (
     BatchEntry,
     BatchResult,
@@ -30,6 +31,13 @@ from radixrt.messages import (
     SlotInit,
     TokenizedRequest,
     WorkerReady,
+)
+from radixrt.scheduler.bad_input import (
+    bad_request,
+    internal_error,
+    rejection,
+    request_problem,
+    rid_of,
 )
 from radixrt.scheduler.budget import AdmissionBudget
 from radixrt.scheduler.kv_memory import KVMemory
@@ -52,6 +60,7 @@ class Scheduler:
             tiers = KVTiers(worker.host_pages, args.enable_hierarchical_cache, worker.disk_dir, worker.disk_pages)
         self.mem = KVMemory(worker.num_pages, worker.page_size, use_cache=not args.disable_radix_cache, tiers=tiers)
         self.bytes_per_token = worker.bytes_per_token
+        self.vocab_size = worker.vocab_size
         self.stop = StopChecker(tokenizer, worker.eos_ids, worker.context_length)
         self.policy = SCHEDULE_POLICIES[args.schedule_policy]
         self.budget = AdmissionBudget(worker.page_size)
@@ -75,16 +84,40 @@ class Scheduler:
     # -- requests in and out --------------------------------------------------
 
     def add_request(self, msg: TokenizedRequest) -> None:
+        """Queue msg, or answer it with a 400 abort when the model cannot run it."""
+        why = request_problem(msg, self.vocab_size, self.stop.context_length)
+        if why is not None:
+            logger.error("refused request %s: %s", msg.rid, why)
+            self.outbox.append(rejection(msg.rid, why, len(msg.input_ids)))
+            return
         self.waiting.append(Req.from_msg(msg))
 
+    def reject_undecodable(self, raw: bytes, error: Exception) -> None:
+        """A frontend message that did not decode: if it names a string rid, answer that rid
+        with a 400 abort (a request held under it leaves too, as the frontend forgets it)."""
+        why = f"malformed request: {from_validation(error, what='message').message}"
+        rid = rid_of(raw)
+        logger.error("undecodable message from the frontend (%d bytes, rid %r): %s", len(raw), rid, why)
+        if rid is None:
+            return
+        held = self._held(rid)
+        if held is None:
+            self.outbox.append(rejection(rid, why))
+        else:
+            self._drop(held, bad_request(why))
+
     def abort(self, rid: str) -> None:
-        for r in self.waiting:
-            if r.rid == rid:
-                self.waiting.remove(r)
-                return self._finish(r, FinishReason("abort", message="aborted by client"))
-        for r in self.running:
-            if r.rid == rid:
-                return self._finish(r, FinishReason("abort", message="aborted by client"))
+        r = self._held(rid)
+        if r is not None:
+            self._drop(r, FinishReason("abort", message="aborted by client"))
+
+    def _held(self, rid: str) -> Req | None:
+        return next((r for r in self.waiting + self.running if r.rid == rid), None)
+
+    def _drop(self, r: Req, reason: FinishReason) -> None:
+        if r in self.waiting:
+            self.waiting.remove(r)
+        self._finish(r, reason)
 
     def take_outputs(self) -> list[ReqOutput]:
         out, self.outbox = self.outbox, []
@@ -246,34 +279,53 @@ class Scheduler:
     # -- results ---------------------------------------------------------------
 
     def process(self, batch: BatchResult) -> None:
-        """Apply the worker's result for the batch in flight."""
+        """Apply the worker's result for the batch in flight. An entry the worker reports
+        failed, or whose outputs raise here, finishes its request alone (abort, status 500)."""
         self.tier_move_seconds += batch.move_seconds
-        ids = iter(batch.next_ids)
+        failed = {e.entry: e.message for e in batch.errors}
+        ids = iter(batch.next_ids)  # failed entries have none
         for i, (r, n) in enumerate(self.inflight):
-            lp = batch.logprobs[i] if batch.logprobs else None
+            if i in failed:
+                # Its KV of this step is not trusted: kv_len stays, so release() caches only the
+                # KV of earlier steps and frees the pages this step allocated.
+                logger.error("request %s failed in step %d: %s", r.rid, self.step_no, failed[i])
+                self._finish(r, internal_error(failed[i]))
+                continue
             r.kv_len += n
             r.slot_initialized = True
-            if lp is not None and lp.prompt:
-                r.input_logprobs += lp.prompt
-                r.input_top += lp.prompt_top
-            sampled = r.kv_len == r.seq_len and r.sampling.max_new_tokens > 0
-            out = ReqOutput(r.rid, [], prompt_tokens=r.prompt_len, cached_tokens=max(r.cached_tokens, 0))
-            self._attach_prompt_logprobs(r, out)
-            if sampled:
-                r.output_ids.append(next(ids))
-                out.new_ids = [r.output_ids[-1]]
-                self._attach_output_logprobs(lp, out)
-                r.finish = self.stop.check(r)
-            elif r.kv_len == r.seq_len:  # a prefill-only request (max_new_tokens 0) is done
-                r.finish = FinishReason("length", length=0)
-            if out.new_ids or out.input_logprobs is not None or r.finish is not None:
-                out.finish = r.finish
+            next_id = next(ids) if r.kv_len == r.seq_len and r.sampling.max_new_tokens > 0 else None
+            try:
+                out = self._advance(r, batch.logprobs[i] if batch.logprobs else None, next_id)
+            except Exception as e:  # a bug met by this request only (stop check, logprobs): fail it alone
+                logger.exception("request %s failed after step %d", r.rid, self.step_no)
+                self._finish(r, internal_error(f"{type(e).__name__}: {e}"))
+                continue
+            if out is not None:
                 self.outbox.append(out)
             if r.finish is not None:
                 self._release(r)
             elif n > 1:
                 self.mem.cache_progress(r)  # a prefill chunk: share its full pages now
         self.inflight = []
+
+    def _advance(self, r: Req, lp: EntryLogprobs | None, next_id: int | None) -> ReqOutput | None:
+        """r after a step that ran (next_id: its sampled token, if any): its output, finish, logprobs."""
+        if lp is not None and lp.prompt:
+            r.input_logprobs += lp.prompt
+            r.input_top += lp.prompt_top
+        out = ReqOutput(r.rid, [], prompt_tokens=r.prompt_len, cached_tokens=max(r.cached_tokens, 0))
+        self._attach_prompt_logprobs(r, out)
+        if next_id is not None:
+            r.output_ids.append(next_id)
+            out.new_ids = [next_id]
+            self._attach_output_logprobs(lp, out)
+            r.finish = self.stop.check(r)
+        elif r.kv_len == r.seq_len:  # a prefill-only request (max_new_tokens 0) is done
+            r.finish = FinishReason("length", length=0)
+        if out.new_ids or out.input_logprobs is not None or r.finish is not None:
+            out.finish = r.finish
+            return out
+        return None
 
     def _attach_prompt_logprobs(self, r: Req, out: ReqOutput) -> None:
         if r.kv_len < r.prompt_len or not r.wants_prompt_logprobs:

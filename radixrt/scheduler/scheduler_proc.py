@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import zmq
 
 from radixrt.config import ServerArgs
-from radixrt.ipc import Receiver, Sender
+from radixrt.ipc import Receiver, Sender, Undecodable
 from radixrt.messages import (
     AbortRequest,
     BatchResult,
-    ChildFailed,
     KVMoves,
     ControlReply,
     ControlRequest,
@@ -25,7 +25,10 @@ from radixrt.messages import (
     TokenizedRequest,
     WorkerReady,
 )
-from radixrt.utils.procs import Addresses, configure_child
+from radixrt.utils.procs import Addresses, configure_child, startup_failed
+
+if TYPE_CHECKING:  # run_scheduler imports it inside its start-up error handling
+    from radixrt.scheduler.scheduler import Scheduler
 
 
 def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, parent_pid: int) -> None:
@@ -48,13 +51,11 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
         sched = Scheduler(args, worker, tokenizer)
     except Exception as e:
-        logging.exception("scheduler failed to start")
-        ready.send(ChildFailed(who="scheduler", error=f"{type(e).__name__}: {e}"))
-        raise SystemExit(1)
+        startup_failed(ready, "scheduler", e)
     ready.send(SchedulerReady(max_total_tokens=worker.num_pages * worker.page_size))
     while True:
         # Block only when there is nothing to run; otherwise take what has arrived.
-        msg = inbox.recv(timeout_ms=None if sched.idle else 0)
+        msg = receive(inbox, sched, timeout_ms=None if sched.idle else 0)
         while msg is not None:
             if isinstance(msg, Shutdown):
                 persist = sched.mem.persist()  # the disk tier keeps what the cache holds, for the next run
@@ -69,7 +70,7 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
             elif isinstance(msg, ControlRequest):
                 error = sched.flush_cache() if msg.kind == "flush_cache" else None
                 outbox.send(ControlReply(msg.query_id, sched.stats(), error))
-            msg = inbox.recv_nowait()
+            msg = receive(inbox, sched, timeout_ms=0)
         batch = sched.schedule()
         moves = sched.take_moves()
         if moves:  # pages the batch reads or frees move between tiers first
@@ -84,6 +85,16 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
         outputs = sched.take_outputs()
         if outputs:
             outbox.send(TokenBatchOut(outputs))
+
+
+def receive(inbox: Receiver[FrontendMsg], sched: Scheduler, timeout_ms: int | None) -> FrontendMsg | None:
+    """The next message, or None. One that does not decode is answered (when it names a rid)
+    and taken for None: the loop then sends the answer and comes back for the rest."""
+    try:
+        return inbox.recv(timeout_ms=timeout_ms)
+    except Undecodable as e:
+        sched.reject_undecodable(e.raw, e.error)
+        return None
 
 
 def send_all(to_workers: list[Sender[SchedulerToWorker]], msg: SchedulerToWorker) -> None:

@@ -1,35 +1,88 @@
 """Backend: starts the worker and scheduler processes, waits for them to be ready,
 notices when one dies, and stops them all. No other module knows how many
-processes exist.
+processes exist. check_checkpoint is the preflight both entry points (the server's
+main and the Engine) run before starting anything.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import zmq
 
 from radixrt.config import ServerArgs
 from radixrt.ipc import Receiver
 from radixrt.messages import ChildFailed, ReadyMsg, SchedulerReady, WorkerReady
-from radixrt.scheduler.scheduler_proc import run_scheduler
+from radixrt.server import child
 from radixrt.utils.procs import Addresses
-from radixrt.worker.worker_proc import run_worker
 
 logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 600
+
+
+class StartupError(RuntimeError):
+    """A child could not start (its own log says more); the message is one line for the user."""
+
+
+def check_checkpoint(args: ServerArgs) -> None:
+    """Raise ValueError, naming the argument, unless model_path (and tokenizer_path when given)
+    is a local directory; model_path must hold a config.json. Starts nothing."""
+    model = Path(args.model_path).expanduser()
+    if not model.is_dir():
+        raise ValueError(
+            f"model_path {args.model_path!r} is not a local directory "
+            "(radixrt loads checkpoints from disk; download it first)"
+        )
+    if not (model / "config.json").is_file():
+        raise ValueError(f"model_path {args.model_path!r} has no config.json (not a Hugging Face checkpoint directory)")
+    if args.tokenizer_path is not None and not Path(args.tokenizer_path).expanduser().is_dir():
+        raise ValueError(f"tokenizer_path {args.tokenizer_path!r} is not a local directory")
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class Child:
+    """One started child process: multiprocessing.Process's name, pid and exitcode."""
+
+    def __init__(self, name: str, spec: child.ChildSpec) -> None:
+        self.name = name
+        # stdout and stderr are inherited: the children log where the parent does
+        self._proc = subprocess.Popen(child.command(), stdin=subprocess.PIPE)
+        try:
+            self._proc.stdin.write(child.encode(spec))
+            self._proc.stdin.close()
+        except BrokenPipeError:  # it died at once; check_alive says how
+            pass
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while it runs; its exit status after (-N when signal N ended it)."""
+        return self._proc.poll()
+
+    def join(self, timeout: float) -> None:
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill(self) -> None:
+        self._proc.kill()
 
 
 class Backend:
@@ -45,43 +98,47 @@ class Backend:
         self.addrs = Addresses.in_dir(self._dir, dist_init, multi_node=args.nnodes > 1)
         self._ctx = zmq.Context()
         self._ready: Receiver[ReadyMsg] = Receiver(self._ctx, self.addrs.ready, ReadyMsg)
-        self.processes: list[mp.process.BaseProcess] = []
-        spawn = mp.get_context("spawn")
+        self.processes: list[Child] = []
         per_node = args.tp_size // args.nnodes
         ranks = range(args.node_rank * per_node, (args.node_rank + 1) * per_node)
         try:
+            # NOTE: started from this (the main) thread: the children's PR_SET_PDEATHSIG
+            # fires when the thread that started them exits.
             for rank in ranks:
-                self._start(spawn, f"radixrt-worker-{rank}", run_worker, (args, self.addrs, os.getpid(), rank))
+                self._start(f"radixrt-worker-{rank}", "worker", args, rank=rank)
             # every rank reports; they agreed on one pool, so any report describes them all
             self.worker: WorkerReady = [self._wait_ready(WorkerReady) for _ in ranks][0]
             if args.node_rank == 0:
-                self._start(spawn, "radixrt-scheduler", run_scheduler, (args, self.addrs, self.worker, os.getpid()))
+                self._start("radixrt-scheduler", "scheduler", args, worker=self.worker)
                 self._wait_ready(SchedulerReady)
-        except BaseException:
+        except BaseException:  # the ones already up wait for steps that never come: stop them now
+            for p in self.processes:
+                p.kill()
             self.shutdown(timeout=2.0)
             raise
 
-    def _start(self, spawn, name: str, target, args: tuple) -> None:
-        p = spawn.Process(target=target, args=args, name=name, daemon=True)
-        p.start()
-        self.processes.append(p)
+    def _start(
+        self, name: str, role: child.Role, args: ServerArgs, rank: int = 0, worker: WorkerReady | None = None
+    ) -> None:
+        spec = child.ChildSpec(role, args, self.addrs, os.getpid(), list(sys.path), rank=rank, worker=worker)
+        self.processes.append(Child(name, spec))
 
     def _wait_ready(self, kind: type) -> ReadyMsg:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             msg = self._ready.recv(timeout_ms=500)
             if isinstance(msg, ChildFailed):
-                raise RuntimeError(f"{msg.who} failed to start: {msg.error}")
+                raise StartupError(f"{msg.who} failed to start: {msg.error}")
             if isinstance(msg, kind):
                 return msg
             why = self.check_alive()
             if why is not None:
-                raise RuntimeError(f"{why} while starting; see its log above")
-        raise TimeoutError(f"{kind.__name__} did not arrive within {START_TIMEOUT_S} s")
+                raise StartupError(f"{why} while starting; see its log above")
+        raise StartupError(f"{kind.__name__} did not arrive within {START_TIMEOUT_S} s")
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self.processes if p.pid is not None]
+        return [p.pid for p in self.processes]
 
     def check_alive(self) -> str | None:
         """None while every child runs; else which one exited, and how."""
@@ -96,7 +153,7 @@ class Backend:
         for p in self.processes:
             p.join(max(0.0, deadline - time.monotonic()))
         for p in self.processes:
-            if p.is_alive():
+            if p.exitcode is None:
                 logger.warning("%s did not stop in time; killing it", p.name)
                 p.kill()
                 p.join(5)

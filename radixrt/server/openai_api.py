@@ -1,35 +1,48 @@
 """The OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions.
 
-Requests are translated into the native GenerateInput (OpenAI names mapped to
-SGLang's; SGLang's extra sampling fields accepted as SGLang does), and results
-into OpenAI's response and stream-chunk shapes. Errors use OpenAI's body.
+Bodies decode into the typed structs of schemas.py; OpenAI names are mapped
+to SGLang's sampling fields and become the native GenerateRequest, so both
+APIs share one validation. Results take OpenAI's response and stream-chunk
+shapes; a request that failed in the backend is a 5xx (or an error event once
+a stream has started), never a 200 with partial text. Errors use OpenAI's body.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from radixrt.frontend.generate_input import GenerateInput
+from radixrt.errors import RequestError
+from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.req_state import ReqState
-from radixrt.server.http_server import SSE_DONE, ApiError, ServerContext, Submission, json_response, read_json, sse
+from radixrt.sampling_params import SamplingParamsIn
+from radixrt.server.http_server import (
+    SSE_DONE,
+    ApiError,
+    ServerContext,
+    Submission,
+    body_schema,
+    error_body,
+    failure,
+    generate_input,
+    json_response,
+    read_typed,
+    sse,
+)
+from radixrt.server.schemas import ChatCompletionRequest, CompletionRequest, OpenAISampling
 
-# OpenAI request field -> sampling_params field
-SAMPLING_FIELDS = {
-    "max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "temperature": "temperature",
-    "top_p": "top_p", "n": "n", "stop": "stop", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "seed": "seed", "top_k": "top_k", "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty", "stop_token_ids": "stop_token_ids", "min_tokens": "min_new_tokens",
-    "ignore_eos": "ignore_eos", "no_stop_trim": "no_stop_trim", "skip_special_tokens": "skip_special_tokens",
-    "regex": "regex", "json_schema": "json_schema", "ebnf": "ebnf",
-}
-COMMON_FIELDS = {"model", "stream", "stream_options", "user", "logprobs", "cache_salt"} | set(SAMPLING_FIELDS)
-COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of", "logit_bias"}
-CHAT_FIELDS = COMMON_FIELDS | {"messages", "top_logprobs", "response_format", "tools", "tool_choice", "logit_bias"}
+# OpenAI request field -> sampling_params field, where the names differ
+RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+SAMPLING_FIELDS = (
+    "max_tokens", "temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "seed", "top_k",
+    "min_p", "min_tokens", "repetition_penalty", "stop_token_ids", "ignore_eos", "no_stop_trim", "skip_special_tokens",
+    "regex", "json_schema", "ebnf",
+)
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat leaves it to the sampling default
 
 
 def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
@@ -39,79 +52,87 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
                 "root": ctx.args.model_path, "max_model_len": ctx.manager.context_length}
         return json_response({"object": "list", "data": [card]})
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=body_schema("CompletionRequest"))
     async def completions(request: Request) -> Response:
-        body = await read_json(request)
-        _check(body, COMPLETION_FIELDS, ctx)
-        if body.get("echo") or body.get("suffix") or (body.get("best_of") or 1) > 1 or body.get("logit_bias"):
-            raise ApiError(400, "echo, suffix, best_of and logit_bias are not supported", param="echo")
-        prompt = body.get("prompt")
-        if prompt is None:
-            raise ApiError(400, "prompt is required", param="prompt")
-        top = body.get("logprobs")
-        text, ids = _split_prompt(prompt)
-        gen = _build(body, text, ids, return_logprob=top is not None, top_logprobs=top or 0)
-        return await _respond(ctx, request, body, gen, _completion_view)
+        body: CompletionRequest = await read_typed(ctx, request, CompletionRequest)
+        _check_common(body, ctx)
+        for name, unsupported in (("echo", body.echo), ("suffix", body.suffix), ("best_of", (body.best_of or 1) > 1)):
+            if unsupported:
+                raise ApiError(400, f"{name} is not supported by this server", param=name)
+        text, ids = _split_prompt(body.prompt)
+        sampling = _sampling(body, {"max_new_tokens": body.max_tokens if body.max_tokens is not None else COMPLETION_MAX_TOKENS})
+        req = GenerateRequest(text=text, input_ids=ids, sampling_params=sampling, return_logprob=body.logprobs is not None,
+                              top_logprobs_num=body.logprobs or 0, return_text_in_logprobs=True, cache_salt=body.cache_salt)
+        return await _respond(ctx, request, body, req, _completion_choice, body.logprobs is not None)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=body_schema("ChatCompletionRequest"))
     async def chat(request: Request) -> Response:
-        body = await read_json(request)
-        _check(body, CHAT_FIELDS, ctx)
-        if body.get("tools") or body.get("logit_bias") or (body.get("response_format") or {}).get("type", "text") != "text":
-            raise ApiError(400, "tools, logit_bias and response_format are not supported", param="tools")
-        ids = _chat_ids(ctx, body.get("messages"))
-        gen = _build(body, None, ids, return_logprob=bool(body.get("logprobs")), top_logprobs=body.get("top_logprobs") or 0)
-        return await _respond(ctx, request, body, gen, _chat_view)
+        body: ChatCompletionRequest = await read_typed(ctx, request, ChatCompletionRequest)
+        _check_common(body, ctx)
+        if body.tools:
+            raise ApiError(400, "tools are not supported by this server", param="tools")
+        if body.response_format is not None and body.response_format.type != "text":
+            raise ApiError(400, "response_format other than text is not supported by this server", param="response_format")
+        if body.top_logprobs and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        ids = await ctx.manager.run_off_loop(_chat_ids, ctx, body)
+        max_new = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        sampling = _sampling(body, {"max_new_tokens": max_new})
+        req = GenerateRequest(input_ids=ids, sampling_params=sampling, return_logprob=body.logprobs,
+                              top_logprobs_num=body.top_logprobs or 0, return_text_in_logprobs=True,
+                              cache_salt=body.cache_salt)
+        return await _respond(ctx, request, body, req, _chat_choice, body.logprobs)
 
 
-def _check(body: dict[str, Any], allowed: set[str], ctx: ServerContext) -> None:
-    unknown = [k for k, v in body.items() if k not in allowed and v is not None]
-    if unknown:
-        raise ApiError(400, f"unknown or unsupported field {unknown[0]!r}", param=unknown[0])
-    model = body.get("model")
-    if model is not None and model not in (ctx.args.model_name, ctx.args.model_path):
-        raise ApiError(404, f"the model {model!r} does not exist; this server serves {ctx.args.model_name!r}",
+def _check_common(body: OpenAISampling, ctx: ServerContext) -> None:
+    if body.model is not None and body.model not in (ctx.args.model_name, ctx.args.model_path):
+        raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {ctx.args.model_name!r}",
                        param="model", type="model_not_found")
-    if not isinstance(body.get("stream", False), bool):
-        raise ApiError(400, "stream must be a boolean", param="stream")
+    if body.logit_bias:
+        raise ApiError(400, "logit_bias is not supported by this server", param="logit_bias")
+
+
+def _sampling(body: OpenAISampling, overrides: dict[str, Any]) -> SamplingParamsIn:
+    fields = {RENAMED.get(k, k): getattr(body, k) for k in SAMPLING_FIELDS}
+    fields.update(overrides)
+    return SamplingParamsIn(**{k: v for k, v in fields.items() if v is not None})
 
 
 def _split_prompt(prompt: Any) -> tuple[Any, Any]:
     """OpenAI prompts: a string, a list of strings, a token list, or a list of token lists."""
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return None, prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, list) for t in prompt):
-        return None, prompt
-    return prompt, None
+    if isinstance(prompt, str):
+        return prompt, None
+    if not prompt:
+        raise RequestError("prompt is empty", "prompt")
+    for kind in (str, int, list):
+        if all(isinstance(p, kind) for p in prompt):
+            return (prompt, None) if kind is str else (None, prompt)
+    raise RequestError("prompt must be a string, a list of strings, a list of token ids or a list of such lists, "
+                       "not a mix", "prompt")
 
 
-def _chat_ids(ctx: ServerContext, messages: Any) -> list[int]:
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list", param="messages")
+def _chat_ids(ctx: ServerContext, body: ChatCompletionRequest) -> list[int]:
     flat = []
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise ApiError(400, "each message needs a role of system, user or assistant", param="messages")
-        content = m.get("content")
+    for i, m in enumerate(body.messages):
+        if m.role not in ("system", "user", "assistant"):
+            raise RequestError(f"messages[{i}].role must be system, user or assistant, got {m.role!r}", "messages")
+        content = m.content
         if isinstance(content, list):  # content parts: text only
-            if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-                raise ApiError(400, "only text content parts are supported", param="messages")
-            content = "".join(p.get("text", "") for p in content)
-        if not isinstance(content, str):
-            raise ApiError(400, "message content must be a string or text parts", param="messages")
-        flat.append({"role": m["role"], "content": content})
+            if any(p.type != "text" or p.text is None for p in content):
+                raise RequestError(f"messages[{i}].content: only text parts (with a text) are supported", "messages")
+            content = "".join(p.text for p in content)
+        if content is None:
+            raise RequestError(f"messages[{i}].content is required", "messages")
+        flat.append({"role": m.role, "content": content})
     tokenizer = ctx.manager.tokenizer
     if not getattr(tokenizer, "chat_template", None):
-        raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
-    return list(tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=True, return_dict=False))
-
-
-def _build(body: dict[str, Any], text: Any, ids: Any, return_logprob: bool, top_logprobs: int) -> GenerateInput:
-    sampling = {SAMPLING_FIELDS[k]: v for k, v in body.items() if k in SAMPLING_FIELDS and v is not None}
-    sampling.setdefault("max_new_tokens", 16 if "prompt" in body else 128)
-    if not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= 20:
-        raise ApiError(400, "logprobs / top_logprobs must be an integer in [0, 20]", param="logprobs")
-    return GenerateInput.build(text, ids, sampling, None, return_logprob, None, top_logprobs, True, body.get("cache_salt"))
+        raise RequestError("this model has no chat template; use /v1/completions", "messages")
+    try:
+        return list(tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=True, return_dict=False))
+    except Exception as e:  # noqa: BLE001 - the template refusing these messages (jinja raise_exception)
+        if type(e).__module__.startswith("jinja2"):
+            raise RequestError(f"the chat template refused these messages: {e}", "messages") from None
+        raise
 
 
 def _finish_reason(state: ReqState) -> str | None:
@@ -122,7 +143,7 @@ def _finish_reason(state: ReqState) -> str | None:
 
 
 def _usage(states: list[ReqState]) -> dict[str, Any]:
-    # Parallel samples share one prompt: count it once per distinct prompt, as OpenAI does.
+    # Parallel samples share one prompt (one token list): count it once, as OpenAI does.
     prompts = {id(s.prompt_ids): s for s in states}
     prompt = sum(len(s.prompt_ids) for s in prompts.values())
     completion = sum(len(s.output_ids) for s in states)
@@ -131,70 +152,96 @@ def _usage(states: list[ReqState]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _completion_view(tokenizer: Any, state: ReqState, index: int, text: str, logprobs: bool) -> dict[str, Any]:
+# A choice view: (tokenizer, state, index, text, the output tokens [start, end) whose logprobs
+# to report or None, stream) -> the choice dict
+ChoiceView = Callable[[Any, ReqState, int, str, "tuple[int, int] | None", bool], dict[str, Any]]
+
+
+def _token_logprobs(tokenizer: Any, state: ReqState, span: tuple[int, int]) -> tuple[list, list]:
+    """Output (logprob, id, text) triples of tokens [start, end), and their top alternatives."""
+    lp = state.result(tokenizer)["meta_info"]
+    start, end = span
+    tokens = lp["output_token_logprobs"][start:end]
+    tops = (lp["output_top_logprobs"] or [[] for _ in lp["output_token_logprobs"]])[start:end]
+    return tokens, tops
+
+
+def _completion_choice(tok: Any, state: ReqState, index: int, text: str, logprobs: tuple[int, int] | None,
+                       stream: bool) -> dict[str, Any]:
     choice = {"index": index, "text": text, "logprobs": None, "finish_reason": _finish_reason(state)}
-    if logprobs:
-        lp = state.result(tokenizer)["meta_info"]
-        tokens = [t[2] for t in lp["output_token_logprobs"]]
+    if logprobs is not None:
+        tokens, tops = _token_logprobs(tok, state, logprobs)
+        texts = [t[2] for t in tokens]
         choice["logprobs"] = {
-            "tokens": tokens,
-            "token_logprobs": [t[0] for t in lp["output_token_logprobs"]],
-            "top_logprobs": [{t[2]: t[0] for t in row} for row in lp["output_top_logprobs"]],
-            "text_offset": [sum(len(x) for x in tokens[:i]) for i in range(len(tokens))],
+            "tokens": texts,
+            "token_logprobs": [t[0] for t in tokens],
+            "top_logprobs": [{x[2]: x[0] for x in row} for row in tops],
+            "text_offset": [sum(len(x) for x in texts[:i]) for i in range(len(texts))],
         }
     return choice
 
 
-def _chat_view(tokenizer: Any, state: ReqState, index: int, text: str, logprobs: bool) -> dict[str, Any]:
-    choice = {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
-              "finish_reason": _finish_reason(state)}
-    if logprobs:
-        lp = state.result(tokenizer)["meta_info"]
-        tops = lp["output_top_logprobs"] or [[] for _ in lp["output_token_logprobs"]]
+def _chat_choice(tok: Any, state: ReqState, index: int, text: str, logprobs: tuple[int, int] | None,
+                 stream: bool) -> dict[str, Any]:
+    body = "delta" if stream else "message"
+    message = {"content": text} if stream else {"role": "assistant", "content": text}
+    choice = {"index": index, body: message, "logprobs": None, "finish_reason": _finish_reason(state)}
+    if logprobs is not None:
+        tokens, tops = _token_logprobs(tok, state, logprobs)
         choice["logprobs"] = {"content": [
             {"token": t[2], "logprob": t[0], "bytes": list(t[2].encode()),
              "top_logprobs": [{"token": x[2], "logprob": x[0], "bytes": list(x[2].encode())} for x in top]}
-            for t, top in zip(lp["output_token_logprobs"], tops)
+            for t, top in zip(tokens, tops)
         ]}
     return choice
 
 
-async def _respond(ctx: ServerContext, request: Request, body: dict[str, Any], gen: GenerateInput, view) -> Response:
-    sub = Submission(ctx, gen)
-    chat = view is _chat_view
+async def _respond(ctx: ServerContext, request: Request, body: OpenAISampling, req: GenerateRequest,
+                   view: ChoiceView, logprobs: bool) -> Response:
+    sub = await Submission.start(ctx, await generate_input(ctx, req))
+    chat = view is _chat_choice
     meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": ctx.args.model_name}
-    logprobs = bool(body.get("logprobs"))
-    if body.get("stream"):
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return StreamingResponse(_stream(sub, meta, chat, logprobs, include_usage), media_type="text/event-stream")
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return StreamingResponse(_stream(sub, meta, view, logprobs, include_usage), media_type="text/event-stream")
     if not await sub.wait(request):
         raise ApiError(499, "client closed the request")
+    sub.check()
     tok = ctx.manager.tokenizer
-    choices = [view(tok, s, i, s.result(tok)["text"], logprobs) for i, s in enumerate(sub.states)]
+    choices = [view(tok, s, i, s.result(tok)["text"], (0, len(s.output_ids)) if logprobs else None, False)
+               for i, s in enumerate(sub.states)]
     obj = "chat.completion" if chat else "text_completion"
     return json_response({**meta, "object": obj, "choices": choices, "usage": _usage(sub.states)})
 
 
-async def _stream(sub: Submission, meta: dict[str, Any], chat: bool, logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream(sub: Submission, meta: dict[str, Any], view: ChoiceView, logprobs: bool,
+                  include_usage: bool) -> AsyncIterator[bytes]:
     tok = sub.ctx.manager.tokenizer
+    chat = view is _chat_choice
     obj = "chat.completion.chunk" if chat else "text_completion"
-    sent = [""] * len(sub.states)
-    finished = [False] * len(sub.states)
+    n = len(sub.states)
+    sent_text, sent_tokens, finished = [""] * n, [0] * n, [False] * n
     if chat:
-        for i in range(len(sub.states)):
-            yield sse({**meta, "object": obj, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+        for i in range(n):
+            yield sse({**meta, "object": obj, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                           "finish_reason": None}]})
     async for _ in sub.stream():
+        failed = next((s.error for s in sub.states if s.error is not None), None)
+        if failed is not None:
+            yield sse(error_body(failure(failed)))
+            break
         for i, s in enumerate(sub.states):
+            done, end = s.done, len(s.output_ids)  # read first: the receiving thread appends meanwhile
             text = s.result(tok)["text"]
-            delta, done = text[len(sent[i]) :], s.done and not finished[i]
-            if not delta and not done:
+            delta = text[len(sent_text[i]):]
+            if not delta and not (done and not finished[i]):
                 continue
-            sent[i], finished[i] = text, s.done
-            reason = _finish_reason(s) if s.done else None
-            choice = {"index": i, "delta": {"content": delta}, "finish_reason": reason} if chat else \
-                     {"index": i, "text": delta, "logprobs": None, "finish_reason": reason}
+            choice = view(tok, s, i, delta, (sent_tokens[i], end) if logprobs else None, True)
+            choice["finish_reason"] = _finish_reason(s) if done else None
+            sent_text[i], sent_tokens[i], finished[i] = text, end, done
             yield sse({**meta, "object": obj, "choices": [choice]})
-    if include_usage:
-        yield sse({**meta, "object": obj, "choices": [], "usage": _usage(sub.states)})
+    else:
+        if include_usage:
+            yield sse({**meta, "object": obj, "choices": [], "usage": _usage(sub.states)})
     yield SSE_DONE

@@ -1,4 +1,5 @@
-"""Process plumbing shared by the children: their addresses and their setup."""
+"""Process plumbing shared by the children: their addresses, their setup, and how one
+reports that it could not start."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from radixrt.config import ServerArgs
+from radixrt.ipc import Sender
+from radixrt.messages import ChildFailed, ReadyMsg
 
 PR_SET_PDEATHSIG = 1
+# Start-up failures that are the user's (a missing file, an unsupported model or value):
+# logged in one line. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (OSError, ValueError)
 
 
 @dataclass(frozen=True)
@@ -75,3 +82,14 @@ def _die_with_parent(parent_pid: int) -> None:
         return  # not Linux: rely on the launcher's shutdown
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def startup_failed(ready: Sender[ReadyMsg], who: str, e: Exception) -> NoReturn:
+    """Log why `who` could not start, tell the launcher (which reports it in one line), exit 1."""
+    reason = " ".join(f"{type(e).__name__}: {e}".split())  # one line, even from a multi-line message
+    if isinstance(e, USER_ERRORS):
+        logging.error("%s failed to start: %s", who, reason)
+    else:
+        logging.exception("%s failed to start", who)
+    ready.send(ChildFailed(who=who, error=reason))
+    raise SystemExit(1)

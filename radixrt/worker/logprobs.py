@@ -6,11 +6,14 @@ penalties), as vLLM and SGLang report them by default.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
 
-from radixrt.messages import BatchEntry, EntryLogprobs, TopLogprobs
+from radixrt.messages import BatchEntry, EntryLogprobs, LogprobSpec, TopLogprobs
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,25 +57,36 @@ def _top(logp: torch.Tensor, k: int) -> list[TopLogprobs]:
 
 
 def entry_logprobs(
-    entries: list[BatchEntry], plan: LogitRows, logits: torch.Tensor, next_ids: list[int]
+    entries: list[BatchEntry], plan: LogitRows, logits: torch.Tensor, next_ids: list[int | None], failed: dict[int, str]
 ) -> list[EntryLogprobs | None]:
+    """Per entry its logprobs (None: not asked, or failed). next_ids: per entry its sampled id
+    (None when it did not sample). An entry already in `failed` is skipped; one whose own
+    request makes it raise (say top_k above the vocabulary) is added to `failed`, alone."""
     logp = torch.log_softmax(logits, dim=-1)  # [R, vocab]
     out: list[EntryLogprobs | None] = []
-    sampled = iter(next_ids)
-    for e, first, pos in zip(entries, plan.entry_prompt, plan.entry_sample):
-        next_id = next(sampled) if e.sample else None
-        lp = e.logprobs
-        if lp is None:
-            out.append(None)
-            continue
-        res = EntryLogprobs()
-        if first is not None:
-            block = logp[first : first + len(lp.prompt_targets)]
-            targets = torch.tensor(lp.prompt_targets, dtype=torch.int64, device=logp.device)
-            res.prompt = block.gather(1, targets[:, None]).squeeze(1).tolist()
-            res.prompt_top = _top(block, lp.top_k)
-        if lp.output and pos is not None:
-            res.output = logp[pos, next_id].item()
-            res.output_top = _top(logp[pos : pos + 1], lp.top_k)[0] if lp.top_k > 0 else None
+    for i, (e, first, pos, next_id) in enumerate(zip(entries, plan.entry_prompt, plan.entry_sample, next_ids)):
+        res = None
+        if e.logprobs is not None and i not in failed:
+            try:  # NOTE: per entry, not per token; free when nothing raises
+                res = _entry(e.logprobs, logp, first, pos, next_id)
+            except Exception as ex:
+                logger.exception("logprobs failed for entry %d (slot %d)", i, e.slot)
+                failed[i] = f"logprobs failed: {type(ex).__name__}: {ex}"
         out.append(res)
     return out
+
+
+def _entry(
+    lp: LogprobSpec, logp: torch.Tensor, first: int | None, pos: int | None, next_id: int | None
+) -> EntryLogprobs:
+    """One entry's logprobs from the step's logp [R, vocab]."""
+    res = EntryLogprobs()
+    if first is not None:
+        block = logp[first : first + len(lp.prompt_targets)]
+        targets = torch.tensor(lp.prompt_targets, dtype=torch.int64, device=logp.device)
+        res.prompt = block.gather(1, targets[:, None]).squeeze(1).tolist()
+        res.prompt_top = _top(block, lp.top_k)
+    if lp.output and pos is not None and next_id is not None:
+        res.output = logp[pos, next_id].item()
+        res.output_top = _top(logp[pos : pos + 1], lp.top_k)[0] if lp.top_k > 0 else None
+    return res

@@ -18,7 +18,7 @@ import torch
 from radixrt.config import ServerArgs
 from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend, default_attention_backend
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
-from radixrt.messages import BatchEntry, BatchResult, EntryLogprobs, ForwardBatch, KVMove, WorkerReady
+from radixrt.messages import BatchEntry, BatchResult, EntryError, EntryLogprobs, ForwardBatch, KVMove, WorkerReady
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
@@ -132,7 +132,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> BatchResult:
-        self._apply_slot_changes(batch)
+        """Run the batch. What one request's parameters break (its sampling state, its
+        sample, its logprobs) fails that entry alone, reported in BatchResult.errors; an
+        exception out of here (the model forward, the KV pool) is the worker's end.
+
+        Every rank runs every entry's forward and page-table update, failed or not, so
+        the ranks' KV stays in lockstep; failures only change what rank 0 answers."""
+        failed = self._apply_slot_changes(batch)  # entry index -> why; grown by sampling and logprobs
         entries = batch.entries
         meta, input_ids, positions = self._prepare(entries)
         if self.graphs is not None and self.graphs.can_run(meta):
@@ -144,24 +150,47 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[rows.index(self.device)])  # [R, vocab] float32
         if self.tp.rank != 0:  # the others took part in the forward and the logits gather; rank 0 samples
             return BatchResult(step=batch.step, next_ids=[])
-        sample_logits = logits[rows.sample_pos]
-        next_ids = self.sampler.sample(sample_logits, [e.slot for e in entries if e.sample]) if rows.sample_pos else None
-        ids = next_ids.tolist() if next_ids is not None else []
-        logprobs: list[EntryLogprobs | None] = entry_logprobs(entries, rows, logits, ids) if rows.any_logprobs else []
+        ids = self._sample(entries, rows, logits, failed)
+        logprobs: list[EntryLogprobs | None] = []
+        if rows.any_logprobs:
+            logprobs = entry_logprobs(entries, rows, logits, ids, failed)
         moved = self.tiers.take_seconds() if self.tiers is not None else 0.0
-        return BatchResult(step=batch.step, next_ids=ids, logprobs=logprobs, move_seconds=moved)
+        errors = [EntryError(i, failed[i]) for i in sorted(failed)]
+        next_ids = [t for t in ids if t is not None]  # an entry that failed its sample has none
+        return BatchResult(step=batch.step, next_ids=next_ids, logprobs=logprobs, move_seconds=moved, errors=errors)
 
-    def _apply_slot_changes(self, batch: ForwardBatch) -> None:
+    def _sample(
+        self, entries: list[BatchEntry], rows: LogitRows, logits: torch.Tensor, failed: dict[int, str]
+    ) -> list[int | None]:
+        """Per entry its next id (None: no sample, or it failed: added to `failed`)."""
+        ids: list[int | None] = [None] * len(entries)
+        picks = [i for i, e in enumerate(entries) if e.sample and i not in failed]
+        if not picks:
+            return ids
+        pos = [rows.entry_sample[i] for i in picks]
+        res = self.sampler.sample_isolated(logits[pos], [entries[i].slot for i in picks])  # logits[pos]: [S, vocab]
+        for i, t in zip(picks, res.ids):
+            ids[i] = t
+        for row, why in res.errors.items():
+            failed[picks[row]] = why
+        return ids
+
+    def _apply_slot_changes(self, batch: ForwardBatch) -> dict[int, str]:
+        """Freed slots, copy-on-write copies, new slots' sampling state and page-table deltas.
+        Returns the entries whose sampling state was refused (entry index -> why)."""
         for slot in batch.freed_slots:
             self.sampler.remove(slot)
         if batch.copy_src:
             src = torch.tensor(batch.copy_src, dtype=torch.int64, device=self.device)
             self.cache.copy_slots(src, torch.tensor(batch.copy_dst, dtype=torch.int64, device=self.device))
         rows, cols, pages = [], [], []
-        for e in batch.entries:
+        failed: dict[int, str] = {}
+        for i, e in enumerate(batch.entries):
             if e.init is not None:
                 self.pages_used[e.slot] = 0
-                self.sampler.add(e.slot, e.init.sampling, e.init.penalty_ids, e.init.stop_ids, e.init.output_ids)
+                why = self._start_slot(e)
+                if why is not None:
+                    failed[i] = why
             n = self.pages_used[e.slot]
             rows += [e.slot] * len(e.new_pages)
             cols += range(n, n + len(e.new_pages))
@@ -170,6 +199,19 @@ class ModelRunner:
         if pages:
             t = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
             self.page_table[t(rows), t(cols)] = t(pages)
+        return failed
+
+    def _start_slot(self, e: BatchEntry) -> str | None:
+        """The entry's request starts on its slot: its sampling state, or why it was refused
+        (the slot is then empty, and the scheduler frees it with the failed request)."""
+        assert e.init is not None
+        try:
+            self.sampler.add(e.slot, e.init.sampling, e.init.penalty_ids, e.init.stop_ids, e.init.output_ids)
+        except Exception as ex:  # the request's parameters (documented: ValueError)
+            logger.exception("slot %d: the request's sampling state was refused", e.slot)
+            self.sampler.remove(e.slot)
+            return f"bad sampling state: {type(ex).__name__}: {ex}"
+        return None
 
     def _prepare(self, entries: list[BatchEntry]) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
         dev = self.device

@@ -16,6 +16,7 @@ which other requests share the batch.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -24,6 +25,15 @@ import torch
 from radixrt.sampling_params import SamplingParams
 
 MASK64 = (1 << 64) - 1
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Sampled:
+    """sample_isolated's result: ids[i] is row i's next id, or None when row i failed (errors[i] says why)."""
+
+    ids: list[int | None]
+    errors: dict[int, str]
 
 
 @dataclass
@@ -131,6 +141,28 @@ class Sampler:
         self._record(next_ids, slots, states)
         return next_ids
 
+    def sample_isolated(self, logits: torch.Tensor, slots: list[int]) -> Sampled:
+        """sample(), except that a row whose request makes it raise fails alone.
+
+        The batch is sampled at once; only if that raises (sample() records nothing
+        then) are the rows sampled one by one, so the good ones still get their ids.
+        Seeded and greedy rows come out the same either way; unseeded draws differ.
+        """
+        try:
+            return Sampled(self.sample(logits, slots).tolist(), {})
+        except Exception as e:  # one request's parameters: found row by row below
+            logger.warning("sampling %d rows failed (%s: %s); sampling row by row", len(slots), type(e).__name__, e)
+        ids: list[int | None] = []
+        errors: dict[int, str] = {}
+        for i, slot in enumerate(slots):
+            try:
+                ids.append(int(self.sample(logits[i : i + 1], [slot])))
+            except Exception as e:
+                logger.exception("sampling failed for slot %d", slot)
+                ids.append(None)
+                errors[i] = f"sampling failed: {type(e).__name__}: {e}"
+        return Sampled(ids, errors)
+
     @torch.inference_mode()
     def processed_logits(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
         """The logits greedy argmax reads: penalties applied, stop ids banned. [R, vocab]."""
@@ -189,14 +221,15 @@ class Sampler:
         return noise.clamp_min_(torch.finfo(torch.float32).tiny)
 
     def _record(self, next_ids: torch.Tensor, slots: list[int], states: list[_Slot]) -> None:
-        for state in states:
-            state.out_len += 1
+        # The tensor update first: if it raises, nothing is recorded (sample_isolated retries rows).
         rows = [i for i, state in enumerate(states) if state.penalized]
         if rows:
             assert self.counts is not None
             r = torch.tensor(rows, device=self.device)  # [P] batch rows
             s = torch.tensor([slots[i] for i in rows], device=self.device)  # [P] their slots
             self.counts[s, next_ids[r]] += 1  # slots are distinct: no index repeats
+        for state in states:
+            state.out_len += 1
 
     def _reset_penalty_rows(self, slot: int, params: SamplingParams, prompt_ids: list[int]) -> None:
         if self.counts is None:

@@ -8,8 +8,8 @@ import zmq
 
 from radixrt.config import ServerArgs
 from radixrt.ipc import PeerLost, Receiver, Sender
-from radixrt.messages import BatchResult, ChildFailed, ForwardBatch, KVMoves, ReadyMsg, SchedulerToWorker, Shutdown
-from radixrt.utils.procs import Addresses, configure_child
+from radixrt.messages import BatchResult, ForwardBatch, KVMoves, ReadyMsg, SchedulerToWorker, Shutdown
+from radixrt.utils.procs import Addresses, configure_child, startup_failed
 
 
 def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 0) -> None:
@@ -26,9 +26,7 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 
 
         runner = ModelRunner(args, rank, addrs.dist_init)
     except Exception as e:
-        logging.exception("worker %d failed to start", rank)
-        ready.send(ChildFailed(who=f"worker {rank}", error=f"{type(e).__name__}: {e}"))
-        raise SystemExit(1)
+        startup_failed(ready, f"worker {rank}", e)
     ready.send(runner.ready_message())
     while True:
         try:
@@ -42,6 +40,10 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 
             runner.move(msg.moves)
             continue
         assert isinstance(msg, ForwardBatch)
-        result = runner.forward(msg)
+        try:
+            result = runner.forward(msg)  # one request's failure comes back in result.errors
+        except Exception:  # the model forward or the KV pool: the device state is unknown
+            logging.exception("worker %d failed running step %d; exiting", rank, msg.step)
+            raise SystemExit(1) from None
         if outbox is not None:
             outbox.send(result)
