@@ -120,6 +120,10 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """Range checks; raise RequestError naming the field."""
         for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
             _require(math.isfinite(getattr(self, name)), name, "must be a finite number", getattr(self, name))
+        # SamplingParamsIn's types guarantee these at the door; a struct built or decoded elsewhere
+        # (the scheduler re-checks what it receives) is held to the same rules.
+        _require(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0", self.max_new_tokens)
+        _require(self.min_new_tokens >= 0, "min_new_tokens", "must be >= 0", self.min_new_tokens)
         _require(
             self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "must be <= max_new_tokens", self.min_new_tokens
         )

@@ -93,7 +93,10 @@ class GenerateInput:
         n = len(prompts if prompts is not None else ids)
         raw_params = _per_item(req.sampling_params, n, "sampling_params")
         converted: dict[int, SamplingParams] = {}  # a shared sampling_params object is validated once
-        params = [converted.get(id(p)) or converted.setdefault(id(p), SamplingParams.from_dict(p)) for p in raw_params]
+        for p in raw_params:
+            if id(p) not in converted:
+                converted[id(p)] = SamplingParams.from_dict(p)
+        params = [converted[id(p)] for p in raw_params]
         for p in params:
             if p.n > max_n:
                 raise RequestError(f"sampling_params.n is {p.n}; this server allows at most {max_n} (--max-n)", "n")

@@ -15,11 +15,8 @@ from typing import Annotated, Any, Union
 import msgspec
 
 from radixrt.errors import RequestError, from_validation
-from radixrt.frontend.generate_input import GenerateRequest
+from radixrt.frontend.generate_input import GenerateRequest, Salt
 from radixrt.sampling_params import Int64, NonNegInt
-
-MaxTokens = NonNegInt
-Prob = float
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -31,7 +28,7 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Fields /v1/completions and /v1/chat/completions share (OpenAI's, then SGLang's extras)."""
 
     model: str | None = None
-    max_tokens: MaxTokens | None = None
+    max_tokens: NonNegInt | None = None
     temperature: float | None = None
     top_p: float | None = None
     n: Annotated[int, msgspec.Meta(ge=1, le=1 << 31)] = 1
@@ -43,11 +40,11 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream_options: StreamOptions | None = None
     user: str | None = None
     logit_bias: dict[str, float] | None = None
-    cache_salt: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+    cache_salt: Salt | None = None
     # SGLang's extra sampling fields
     top_k: Int64 | None = None
     min_p: float | None = None
-    min_tokens: MaxTokens | None = None
+    min_tokens: NonNegInt | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[NonNegInt] | None = None
     ignore_eos: bool | None = None
@@ -84,7 +81,7 @@ class ResponseFormat(msgspec.Struct):
 
 class ChatCompletionRequest(OpenAISampling, kw_only=True):
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
-    max_completion_tokens: MaxTokens | None = None
+    max_completion_tokens: NonNegInt | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None
