@@ -6,7 +6,11 @@ radixrt's time goes (an in-process replay of the same schedule with timers
 around each stage; the difference to the engine's wall time is what the
 process hops and the frontend cost).
 
-    .venv/bin/python bench/offline_throughput.py [--models tiny,100m] [--num-prompts 64]
+    .venv/bin/python bench/offline_throughput.py [--models tiny,100m,DIR] [--num-prompts 64]
+
+--models takes the builder's sizes (tiny: float32; 100m, 1b: bfloat16) or checkpoint
+directories (bfloat16), e.g. the peers' `small`, which is 100m's shape with an 8,192-token
+vocabulary instead of 32,000: run both to see what the vocabulary does to the ratio.
 """
 
 from __future__ import annotations
@@ -107,8 +111,10 @@ def main() -> None:
     torch.set_num_threads(torch.get_num_threads())
     results = {}
     for size in args.models.split(","):
-        path = ensure_model("llama", size)
-        dtype = "float32" if size == "tiny" else "bfloat16"
+        if Path(size).expanduser().is_dir():
+            path, dtype, size = Path(size).expanduser(), "bfloat16", Path(size).name
+        else:
+            path, dtype = ensure_model("llama", size), "float32" if size == "tiny" else "bfloat16"
         prompts = random_prompts(args.num_prompts, 200, 800, vocab=1000, seed=0)
         n_out = len(prompts) * OUTPUT_LEN
         ours = run_radixrt(path, prompts, dtype)

@@ -2,7 +2,9 @@
 
 Decode requests (one new token each) attend in batched calls over a padded
 gather of their KV, grouped by length so that short sequences are not padded
-to the longest (the gather is most of the cost on CPU). Decode requests whose
+to the longest, through decode_attention.py's grouped float32 matmuls (on CPU
+3-6x faster than scaled_dot_product_attention with one query row; see
+bench/attention_cpu.py). Decode requests whose
 page tables begin with the same pages (a prefix shared through the radix
 cache) attend in cascade: the shared prefix is read once for all of them, each
 tail on its own, and the two partial softmaxes are merged exactly by their
@@ -24,19 +26,33 @@ mask explicitly.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from radixrt.kernels.backend import AttentionBackend, AttentionMetadata
+from radixrt.kernels.decode_attention import attend, group_queries, merge
+from radixrt.kernels.kv_cache import PagedKVCache
+from radixrt.kernels.native_decode import KINDS, NativeDecode, load_native_decode
+
+
+@dataclass
+class _KVRun:
+    """Requests each attending over its KV from one page column on, `lens` tokens long: as the
+    compiled kernel reads it (pages, lens) or as the torch path gathers it (slots, bias)."""
+
+    pages: torch.Tensor  # [B, P] int64 page ids, from the run's first page column
+    lens: torch.Tensor  # [B] int64 tokens of each request in the run (>= 1)
+    slots: torch.Tensor | None = None  # torch path: [B, max_len] int64 (padding points at the zeroed pad_slot)
+    bias: torch.Tensor | None = None  # torch path: [B, 1, 1, max_len] float32, 0 where real, -inf at padding
 
 
 @dataclass
 class _DecodePlan:
     rows: torch.Tensor  # [Bd] int64 token rows of the decode requests
-    slots: torch.Tensor  # [Bd, max_kv] int64 cache slots (padding points at the cache's zeroed pad_slot)
-    mask: torch.Tensor  # [Bd, 1, 1, max_kv] bool, True where the slot is real
+    run: _KVRun  # their whole KV
 
 
 @dataclass
@@ -55,8 +71,7 @@ CASCADE_MIN_TOKENS = 64
 class _CascadePlan:
     rows: torch.Tensor  # [G] int64 token rows of the requests sharing the prefix
     prefix_slots: torch.Tensor  # [Lp] int64 cache slots of the shared prefix
-    tail_slots: torch.Tensor  # [G, max_tail] int64 slots of each request's own tail (padding: pad_slot)
-    tail_mask: torch.Tensor  # [G, 1, 1, max_tail] bool
+    tail: _KVRun  # each request's own tail, after the shared pages
 
 
 def shared_prefix_groups(page_table: torch.Tensor, reqs: list[int], kv_lens: list[int], page_size: int):
@@ -94,12 +109,30 @@ def decode_groups(kv_lens: list[int], reqs: list[int]) -> list[list[int]]:
     return groups
 
 
+def padding_bias(valid: torch.Tensor) -> torch.Tensor:
+    """valid: [B, T] bool -> [B, 1, 1, T] float32 additive mask: 0 where valid, -inf elsewhere."""
+    return torch.zeros(valid.shape, dtype=torch.float32, device=valid.device).masked_fill_(~valid, float("-inf"))[
+        :, None, None, :
+    ]
+
+
 def request_slots(page_table_row: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
     """Cache slots of the given positions (any shape) in one request's pages."""
     return page_table_row[positions // page_size] * page_size + positions % page_size
 
 
 class TorchBackend(AttentionBackend):
+    def __init__(self, cache: PagedKVCache, num_heads: int, head_dim: int, scale: float, native: bool | None = None) -> None:
+        """native: decode through the compiled kernel (native_decode.py). None: where it builds and
+        serves the pool's dtype (float32, bfloat16 on CPU); True: required (raises without it); False: never."""
+        super().__init__(cache, num_heads, head_dim, scale)
+        self.native: NativeDecode | None = None
+        if native is not False:
+            serves = cache.storage_dtype in KINDS and cache.k[0].device.type == "cpu"
+            self.native = load_native_decode() if serves else None
+            if native and self.native is None:
+                raise RuntimeError(f"the compiled decode kernel is unavailable for a {cache.storage_dtype} pool here")
+
     def init_forward(self, meta: AttentionMetadata) -> None:
         self.meta = meta
         device = meta.out_slots.device
@@ -111,31 +144,34 @@ class TorchBackend(AttentionBackend):
         for members, shared in shared_prefix_groups(meta.page_table, decode, meta.kv_lens, meta.page_size):
             self.cascades.append(self._plan_cascade(meta, members, shared, starts, device))
             decode = [i for i in decode if i not in members]
-        self.decodes = [self._plan_decode(meta, g, starts, device) for g in decode_groups(meta.kv_lens, decode)]
+        # The kernel reads each request's own length; the torch path pads, so it groups by length.
+        groups = ([decode] if decode else []) if self.native is not None else decode_groups(meta.kv_lens, decode)
+        self.decodes = [self._plan_decode(meta, g, starts, device) for g in groups]
         self.prefills = [self._plan_prefill(meta, i, starts, device) for i, n in enumerate(meta.qo_lens) if n > 1]
 
-    def _plan_decode(self, meta: AttentionMetadata, reqs: list[int], starts: list[int], device) -> _DecodePlan:
+    def _plan_run(self, meta: AttentionMetadata, reqs: list[int], first_page: int, lens: list[int]) -> _KVRun:
+        """reqs' KV from page column first_page on, lens[i] tokens each."""
+        device, ps = meta.page_table.device, meta.page_size
         idx = torch.tensor(reqs, dtype=torch.int64, device=device)
-        kv_lens = torch.tensor([meta.kv_lens[i] for i in reqs], dtype=torch.int64, device=device)
-        j = torch.arange(int(kv_lens.max()), device=device)  # [max_kv]
-        valid = j[None, :] < kv_lens[:, None]  # [Bd, max_kv]
-        pages = meta.page_table[idx][:, j // meta.page_size]  # [Bd, max_kv]
-        slots = torch.where(valid, pages * meta.page_size + j % meta.page_size, self.cache.pad_slot)
+        n = torch.tensor(lens, dtype=torch.int64, device=device)
+        pages = meta.page_table[idx, first_page : first_page + math.ceil(max(lens) / ps)].contiguous()  # [B, P]
+        if self.native is not None:
+            return _KVRun(pages, n)
+        j = torch.arange(max(lens), device=device)  # [max_len]
+        valid = j[None, :] < n[:, None]  # [B, max_len]
+        slots = torch.where(valid, pages[:, j // ps] * ps + j % ps, self.cache.pad_slot)
+        return _KVRun(pages, n, slots, padding_bias(valid))
+
+    def _plan_decode(self, meta: AttentionMetadata, reqs: list[int], starts: list[int], device) -> _DecodePlan:
         rows = torch.tensor([starts[i] for i in reqs], dtype=torch.int64, device=device)
-        return _DecodePlan(rows, slots, valid[:, None, None, :])
+        return _DecodePlan(rows, self._plan_run(meta, reqs, 0, [meta.kv_lens[i] for i in reqs]))
 
     def _plan_cascade(self, meta: AttentionMetadata, members: list[int], shared: int, starts: list[int], device) -> _CascadePlan:
-        ps = meta.page_size
-        prefix_len = shared * ps
-        prefix_slots = request_slots(meta.page_table[members[0]], torch.arange(prefix_len, device=device), ps)
-        idx = torch.tensor(members, dtype=torch.int64, device=device)
-        tails = torch.tensor([meta.kv_lens[i] - prefix_len for i in members], dtype=torch.int64, device=device)
-        j = torch.arange(int(tails.max()), device=device)  # [max_tail]
-        valid = j[None, :] < tails[:, None]  # [G, max_tail]
-        pos = prefix_len + j
-        slots = meta.page_table[idx][:, pos // ps] * ps + pos % ps
+        prefix_len = shared * meta.page_size
+        prefix_slots = request_slots(meta.page_table[members[0]], torch.arange(prefix_len, device=device), meta.page_size)
+        tail = self._plan_run(meta, members, shared, [meta.kv_lens[i] - prefix_len for i in members])
         rows = torch.tensor([starts[i] for i in members], dtype=torch.int64, device=device)
-        return _CascadePlan(rows, prefix_slots, torch.where(valid, slots, self.cache.pad_slot), valid[:, None, None, :])
+        return _CascadePlan(rows, prefix_slots, tail)
 
     def _plan_prefill(self, meta: AttentionMetadata, i: int, starts: list[int], device) -> _PrefillPlan:
         q_len, kv_len = meta.qo_lens[i], meta.kv_lens[i]
@@ -156,10 +192,7 @@ class TorchBackend(AttentionBackend):
         for c in self.cascades:
             out[c.rows] = self._cascade(q[c.rows], c, layer)
         for d in self.decodes:
-            kd, vd = self.cache.read(layer, d.slots)  # [Bd, max_kv, kv_heads, head_dim]
-            qd = q[d.rows].unsqueeze(2)  # [Bd, heads, 1, head_dim]
-            od = self._sdpa(qd, kd.transpose(1, 2), vd.transpose(1, 2), d.mask)
-            out[d.rows] = od.squeeze(2)
+            out[d.rows] = self._attend_run(q[d.rows], d.run, layer)[0].to(q.dtype)
         for p in self.prefills:
             # kp, vp: [kv_len, kv_heads, head_dim]
             kp, vp = (k[p.start : p.end], v[p.start : p.end]) if p.slots is None else self.cache.read(layer, p.slots)
@@ -171,26 +204,28 @@ class TorchBackend(AttentionBackend):
     def _cascade(self, q: torch.Tensor, c: _CascadePlan, layer: int) -> torch.Tensor:
         """q: [G, heads, head_dim] -> [G, heads, head_dim], attending over shared prefix + own tail."""
         G, H, D = q.shape
-        kp, vp = self.cache.read(layer, c.prefix_slots)  # [Lp, kv_heads, head_dim]
+        kp, vp = self.cache.read_heads(layer, c.prefix_slots[None])  # [1, kv_heads, Lp, head_dim] float32
         kv_heads = kp.shape[1]
-        qg = q.float().view(G, kv_heads, H // kv_heads, D)  # query heads grouped by their KV head
-        # The prefix, once for every member: [kv_heads, G * group, Lp]
-        qp = qg.permute(1, 0, 2, 3).reshape(kv_heads, -1, D)
-        sp = torch.matmul(qp, kp.float().permute(1, 2, 0)) * self.scale
-        lse_p = torch.logsumexp(sp, -1)  # [kv_heads, G * group]
-        op = torch.matmul(torch.softmax(sp, -1), vp.float().transpose(0, 1))  # [kv_heads, G * group, D]
+        qg = group_queries(q, kv_heads)  # [G, kv_heads, group, D]
+        # The prefix, once for every member: all G * group query rows of a KV head in one matmul.
+        qp = qg.permute(1, 0, 2, 3).reshape(1, kv_heads, -1, D)  # [1, kv_heads, G * group, D]
+        op, lse_p = attend(qp, kp, vp, None, self.scale)
         op = op.view(kv_heads, G, -1, D).permute(1, 0, 2, 3)  # [G, kv_heads, group, D]
         lse_p = lse_p.view(kv_heads, G, -1).permute(1, 0, 2)  # [G, kv_heads, group]
-        # Each member's own tail: [G, kv_heads, group, max_tail]
-        kt, vt = self.cache.read(layer, c.tail_slots)  # [G, max_tail, kv_heads, head_dim]
-        st = torch.einsum("bhgd,bthd->bhgt", qg, kt.float()) * self.scale
-        st = st.masked_fill(~c.tail_mask, float("-inf"))
-        lse_t = torch.logsumexp(st, -1)
-        ot = torch.einsum("bhgt,bthd->bhgd", torch.softmax(st, -1), vt.float())
-        # Merge the two partial softmaxes by their log-sum-exps.
-        lse = torch.logaddexp(lse_p, lse_t)
-        o = op * torch.exp(lse_p - lse)[..., None] + ot * torch.exp(lse_t - lse)[..., None]
-        return o.reshape(G, H, D).to(q.dtype)
+        # Each member's own tail, then the two partial softmaxes merged by their log-sum-exps.
+        ot, lse_t = self._attend_run(q, c.tail, layer)  # [G, heads, D], [G, heads]
+        return merge(op.reshape(G, H, D), lse_p.reshape(G, H), ot, lse_t).to(q.dtype)
+
+    def _attend_run(self, q: torch.Tensor, run: _KVRun, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [B, heads, head_dim] over each request's run -> out [B, heads, head_dim], lse [B, heads], float32."""
+        B, H, D = q.shape
+        if self.native is not None:
+            k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]
+            out, lse = self.native(q.float().contiguous(), k_pool, v_pool, run.pages, run.lens, self.scale, want_lse=True)
+            return out, lse
+        k, v = self.cache.read_heads(layer, run.slots)  # [B, kv_heads, max_len, head_dim] float32
+        out, lse = attend(group_queries(q, k.shape[1]), k, v, run.bias, self.scale)
+        return out.reshape(B, H, D), lse.reshape(B, H)
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         k, v = k.to(q.dtype), v.to(q.dtype)

@@ -5,6 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# tcmalloc for the CPU workers (radixrt/server/worker_env.py), from Debian where we may install
+# it; without it the workers keep glibc's allocator, tuned, and say so in their log.
+if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  { apt-get update -q && apt-get install -y -q libtcmalloc-minimal4; } >/dev/null 2>&1 \
+    || echo "setup_env: could not install libtcmalloc-minimal4; CPU workers use glibc's allocator"
+fi
 if [ ! -x .venv/bin/python ]; then
   "${PYTHON:-python3}" -m venv .venv
 fi

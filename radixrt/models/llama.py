@@ -22,7 +22,7 @@ from torch import nn
 
 from radixrt.kernels import AttentionBackend
 from radixrt.models.config import ModelConfig
-from radixrt.models.parallel import RowParallelLinear, TPGroup, VocabParallelEmbedding
+from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding
 from radixrt.models.rope import RotaryEmbedding
 
 
@@ -57,7 +57,7 @@ class Attention(nn.Module):
         _, self.heads, _, self.kv_heads = rank_heads(cfg, tp)
         self.head_dim = cfg.head_dim
         qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
         o_bias = cfg.attention_bias and cfg.model_type != "qwen2"  # Qwen2 biases q/k/v only
         self.o_proj = RowParallelLinear(self.heads * self.head_dim, cfg.hidden_size, o_bias, tp)
 
@@ -76,7 +76,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
         _, inter = tp.split(cfg.intermediate_size, "intermediate_size")
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * inter, bias=cfg.mlp_bias)
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, 2 * inter, bias=cfg.mlp_bias)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -115,7 +115,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, self.embed_tokens.weight.shape[0], bias=False)
+        self.lm_head = ColumnParallelLinear(cfg.hidden_size, self.embed_tokens.weight.shape[0], bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)

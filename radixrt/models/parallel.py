@@ -1,7 +1,10 @@
 """Tensor parallelism for the model: the rank's group, and the layers that split across it.
 
-Column-parallel layers are plain nn.Linear with this rank's output rows;
+Column-parallel layers are nn.Linear with this rank's output rows;
 row-parallel layers all-reduce their partial sums before adding the bias once.
+Both compute in their weight's dtype and return their input's dtype: weights
+held in float32 for a half-precision model (cpu_matmul.py) change where the
+arithmetic runs, not what the layers pass on.
 The vocabulary splits in contiguous blocks for the embedding and the LM head.
 With size 1 every collective is skipped, so one code path serves both.
 """
@@ -41,6 +44,13 @@ class TPGroup:
         return torch.cat(parts, dim=-1)
 
 
+class ColumnParallelLinear(nn.Linear):
+    """y = x @ W_shard^T + b_shard: this rank's output features (nn.Linear's parameters)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+
+
 class RowParallelLinear(nn.Module):
     """y = all_reduce(x_shard @ W_shard^T) + b: the input features are split across ranks."""
 
@@ -51,8 +61,8 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
-        return y + self.bias if self.bias is not None else y
+        y = self.tp.all_reduce(F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype))
+        return y + self.bias.to(y.dtype) if self.bias is not None else y
 
 
 class VocabParallelEmbedding(nn.Module):

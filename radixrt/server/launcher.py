@@ -22,6 +22,7 @@ from radixrt.config import ServerArgs
 from radixrt.ipc import Receiver
 from radixrt.messages import ChildFailed, ReadyMsg, SchedulerReady, WorkerReady
 from radixrt.server import child
+from radixrt.server.worker_env import find_tcmalloc, worker_env
 from radixrt.utils.procs import Addresses
 
 logger = logging.getLogger(__name__)
@@ -56,10 +57,10 @@ def free_port() -> int:
 class Child:
     """One started child process: multiprocessing.Process's name, pid and exitcode."""
 
-    def __init__(self, name: str, spec: child.ChildSpec) -> None:
+    def __init__(self, name: str, spec: child.ChildSpec, env: dict[str, str] | None = None) -> None:
         self.name = name
         # stdout and stderr are inherited: the children log where the parent does
-        self._proc = subprocess.Popen(child.command(), stdin=subprocess.PIPE)
+        self._proc = subprocess.Popen(child.command(), stdin=subprocess.PIPE, env=env)
         try:
             self._proc.stdin.write(child.encode(spec))
             self._proc.stdin.close()
@@ -121,7 +122,12 @@ class Backend:
         self, name: str, role: child.Role, args: ServerArgs, rank: int = 0, worker: WorkerReady | None = None
     ) -> None:
         spec = child.ChildSpec(role, args, self.addrs, os.getpid(), list(sys.path), rank=rank, worker=worker)
-        self.processes.append(Child(name, spec))
+        env = None
+        if role == "worker":
+            tcmalloc = find_tcmalloc()
+            logger.info("%s allocator: %s", name, tcmalloc or "glibc, keeping freed memory (no tcmalloc found)")
+            env = worker_env(tcmalloc=tcmalloc)
+        self.processes.append(Child(name, spec, env))
 
     def _wait_ready(self, kind: type) -> ReadyMsg:
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 
 import torch
@@ -20,6 +21,7 @@ from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_ba
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
 from radixrt.messages import BatchEntry, BatchResult, EntryError, EntryLogprobs, ForwardBatch, KVMove, WorkerReady
 from radixrt.models import ModelConfig, load_model
+from radixrt.models.cpu_matmul import choose_matmul_dtype, hold_linear_weights_in
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
 from radixrt.worker.cuda_graph import DecodeGraphRunner, capture_sizes
@@ -43,9 +45,13 @@ def init_tensor_parallel(args: ServerArgs, rank: int, dist_init: str, device: to
         return TPGroup()
     backend = "nccl" if device.type == "cuda" else "gloo"
     torch.distributed.init_process_group(backend, init_method=dist_init, rank=rank, world_size=args.tp_size)
-    if device.type == "cpu":  # a node's ranks share its cores
-        torch.set_num_threads(max(1, torch.get_num_threads() // (args.tp_size // args.nnodes)))
     return TPGroup(rank, args.tp_size)
+
+
+def cpu_threads(args: ServerArgs) -> int:
+    """This CPU worker's threads: the cores the process may run on (its affinity mask, which
+    taskset, cgroups' cpusets and container limits set), shared among the node's ranks."""
+    return max(1, len(os.sched_getaffinity(0)) // (args.tp_size // args.nnodes))
 
 
 class ModelRunner:
@@ -53,6 +59,9 @@ class ModelRunner:
         self.device = device = resolve_device(args.device)
         if device.type == "cuda":
             torch.cuda.set_device(rank % (args.tp_size // args.nnodes))  # the rank's GPU on its node
+        if device.type == "cpu":
+            torch.set_num_threads(cpu_threads(args))
+            logger.info("worker %d: %d threads on cores %s", rank, torch.get_num_threads(), sorted(os.sched_getaffinity(0)))
         self.tp = init_tensor_parallel(args, rank, dist_init, device)
         torch.manual_seed(args.random_seed)  # unseeded sampling draws from this
         self.cfg = cfg = ModelConfig.from_dir(args.model_path)
@@ -63,6 +72,9 @@ class ModelRunner:
                 f"context_length {self.context_length} exceeds the model's max_position_embeddings {cfg.max_position_embeddings}"
             )
         self.model = load_model(args.model_path, cfg, dtype, device, self.tp)
+        matmul_dtype = choose_matmul_dtype(dtype, device)
+        if matmul_dtype != dtype:
+            hold_linear_weights_in(self.model, matmul_dtype)
         _, heads, _, kv_heads = rank_heads(cfg, self.tp)
         self.bytes_per_token = PagedKVCache.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype, args.kv_cache_dtype)
         ranks_per_memory = self.tp.size if device.type == "cpu" else 1  # CPU ranks share the host's RAM
