@@ -14,6 +14,7 @@ Candidates (each returns [B, heads, head_dim]):
               where it builds (the torch path, `grouped`, where it does not)
 Sweeps one axis at a time around a base point (batch 64, 600 KV tokens, head_dim 64, GQA
 group 3 with 4 KV heads, page size 16, bf16), plus batch x KV length for both dtypes.
+Runs under the allocator a CPU worker starts with (radixrt/server/worker_env.py).
 Prints ms per candidate and the speedups of `native` and `grouped` over `sdpa`; writes
 bench/results/attention_cpu.json and .png.
 
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -32,6 +35,7 @@ import torch.nn.functional as F
 from common import RESULTS, write_result
 from radixrt.kernels import AttentionMetadata, PagedKVCache
 from radixrt.kernels.torch_backend import TorchBackend
+from radixrt.server.worker_env import find_tcmalloc, worker_env
 from radixrt.kernels.decode_attention import attend, group_queries
 from radixrt.kernels.native_decode import load_native_decode
 
@@ -183,6 +187,9 @@ def plot(rows: list[dict], path) -> None:
 
 
 def main() -> None:
+    if "RADIXRT_WORKER_ENV" not in os.environ:  # measure under the allocator a worker starts with
+        env = worker_env(tcmalloc=find_tcmalloc()) | {"RADIXRT_WORKER_ENV": "1"}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the one-axis sweeps only")
     ap.add_argument("--threads", type=int, default=None)

@@ -1,12 +1,14 @@
 /* Decode attention on CPU, reading the paged KV pool in place.
  *
- * One query token per request. For each (request, KV head) task: the scores of the
- * query heads that share the KV head against every cached token, read row by row from
- * the request's pages (no gathered copy), a softmax in float32, then the weighted sum of
- * the V rows. K and V are read once each per task, widened from the pool's dtype to float32
- * one row at a time, so the pass runs at memory speed rather than at the speed of torch's
- * half matmuls on CPUs without half GEMM units. Tasks are split across the OpenMP threads
- * of the runtime torch itself loaded (same soname: one runtime, one thread count).
+ * One query token per request. A task is one request (or, with fewer requests than twice
+ * the threads, one request's KV head): the scores of its query heads against every cached
+ * token, read from the request's pages in place (a token's K for the task's heads is one
+ * contiguous run, so a page is read front to back; no gathered copy), a softmax in float32,
+ * then the weighted sum of the V rows. K and V are read once each, widened from the pool's
+ * dtype to float32 four rows at a time, so no half-precision arithmetic is needed (the slow
+ * path on CPUs without half GEMM units). AVX2 intrinsics where the compiler targets it
+ * (-march=native; AVX-512 CPUs have AVX2 too), plain C elsewhere. Tasks are split across the
+ * OpenMP threads of the runtime torch itself loaded (same soname: one runtime, one thread count).
  *
  * Layouts (all contiguous, row-major):
  *   q      [B, H, D] float32                  out  [B, H, D] float32
