@@ -47,13 +47,14 @@ def _cpu_id() -> str:
         return platform.processor()
 
 
-def _compiler() -> str | None:
+def find_compiler() -> str | None:
+    """The C compiler to build with: $CC, else `cc`, else `gcc` on PATH; None without one."""
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def build(out_dir: Path | None = None) -> Path:
     """The compiled library's path, building it when the cache lacks it. Raises RuntimeError saying why."""
-    cc = _compiler()
+    cc = find_compiler()
     if cc is None:
         raise RuntimeError("no C compiler (set CC, or install gcc)")
     source = SOURCE.read_bytes()

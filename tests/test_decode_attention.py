@@ -54,7 +54,7 @@ def build_batch(page_size: int, seed: int) -> tuple[torch.Tensor, int]:
 
 def require_native() -> None:
     """The compiled kernel must build wherever there is a C compiler; without one, say so and skip."""
-    if native_decode._compiler() is None:
+    if native_decode.find_compiler() is None:
         pytest.skip("no C compiler on this machine: the compiled decode kernel cannot be built")
     native_decode.build()  # raises, failing the test, if the compiler cannot build it
 
