@@ -1,9 +1,11 @@
 """Decode attention on CPU: one query token per request over its gathered KV, in float32.
 
-Grouped matmuls, not scaled_dot_product_attention: with one query row SDPA's
-CPU kernels are 3-6x slower than two batched matmuls and a softmax over the
-same data (bench/attention_cpu.py measures both over batch, KV length,
-head_dim, GQA group, page size and dtype). The query heads that share a KV head
+The torch path where the compiled kernel (native_decode.py) cannot build, and
+the shared-prefix half of cascade decoding. Grouped matmuls, not
+scaled_dot_product_attention: with one query row and bf16 K/V, SDPA's CPU
+kernels are 2.6-6x slower than two batched matmuls and a softmax over the same
+data; in fp32 they are even (bench/attention_cpu.py measures both over batch,
+KV length, head_dim, GQA group, page size and dtype). The query heads that share a KV head
 are stacked as rows of one matmul, so K and V are read once per KV head, not
 once per query head. Everything runs in float32 whatever the pool holds: half
 precision matmuls are the slow path on CPUs without half GEMM units, and the

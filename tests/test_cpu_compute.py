@@ -70,11 +70,6 @@ def test_the_faster_matmul_is_chosen(monkeypatch):
     assert choose_matmul_dtype(torch.bfloat16, torch.device("cuda")) == torch.bfloat16
 
 
-def test_measure_matmul_times_both_paths():
-    native, upcast = cpu_matmul.measure_matmul(torch.bfloat16)
-    assert native > 0 and upcast > 0
-
-
 def test_worker_env_prefers_tcmalloc_else_keeps_glibc_memory():
     env = worker_env({"PATH": "/bin"}, tcmalloc="/lib/libtcmalloc_minimal.so.4")
     assert env["LD_PRELOAD"] == "/lib/libtcmalloc_minimal.so.4" and not set(GLIBC_KEEP) & set(env)

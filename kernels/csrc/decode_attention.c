@@ -146,6 +146,18 @@ static inline float exp_shifted(float *s, int64_t T, float m) {
     return sum;
 }
 
+/* Up to four tokens' rows from t0 on (the task's heads, W values each), widened into rows [4, W];
+ * returns how many (fewer than four only at the end). */
+static inline int widen_block(const void *pool, int kind, const int64_t *pages, int64_t t0, int64_t T, int KVH,
+                              int h0, int D, int W, int page_size, float *rows) {
+    int n = T - t0 < 4 ? (int)(T - t0) : 4;
+    for (int i = 0; i < n; i++) {
+        int64_t t = t0 + i, slot = pages[t / page_size] * page_size + t % page_size;
+        widen_row(pool, kind, (slot * KVH + h0) * D, W, rows + i * W);
+    }
+    return n;
+}
+
 /* Request b's query heads of KV heads [h0, h1): q, out [(h1 - h0) * G, D]; lse [(h1 - h0) * G] or NULL.
  * A token's K (or V) for those heads is one contiguous run of W = (h1 - h0) * D values in the pool,
  * so a page is read front to back. Scratch: scores [(h1 - h0) * G, T], rows [4, W]. */
@@ -154,11 +166,7 @@ static void attend_task(const float *q, const void *k_pool, const void *v_pool, 
                         float *scores, float *rows, float *out, float *lse) {
     const int NH = h1 - h0, W = NH * D;
     for (int64_t t0 = 0; t0 < T; t0 += 4) { /* K rows four at a time (dot4) */
-        int n = T - t0 < 4 ? (int)(T - t0) : 4;
-        for (int i = 0; i < n; i++) {
-            int64_t t = t0 + i, slot = pages[t / page_size] * page_size + t % page_size;
-            widen_row(k_pool, kind, (slot * KVH + h0) * D, W, rows + i * W);
-        }
+        int n = widen_block(k_pool, kind, pages, t0, T, KVH, h0, D, W, page_size, rows);
         for (int h = 0; h < NH; h++) {
             for (int j = 0; j < G; j++) {
                 const float *qj = q + (h * G + j) * D;
@@ -181,12 +189,8 @@ static void attend_task(const float *q, const void *k_pool, const void *v_pool, 
         if (lse) lse[r] = m + logf(sum);
     }
     memset(out, 0, (size_t)NH * G * D * sizeof(float));
-    for (int64_t t0 = 0; t0 < T; t0 += 4) { /* V rows four at a time: each output row read and written once per four */
-        int n = T - t0 < 4 ? (int)(T - t0) : 4;
-        for (int i = 0; i < n; i++) {
-            int64_t t = t0 + i, slot = pages[t / page_size] * page_size + t % page_size;
-            widen_row(v_pool, kind, (slot * KVH + h0) * D, W, rows + i * W);
-        }
+    for (int64_t t0 = 0; t0 < T; t0 += 4) { /* V rows four at a time, while the output rows stay in L1 */
+        int n = widen_block(v_pool, kind, pages, t0, T, KVH, h0, D, W, page_size, rows);
         for (int h = 0; h < NH; h++) {
             for (int j = 0; j < G; j++) {
                 const float *w = scores + (h * G + j) * T + t0;
