@@ -184,3 +184,49 @@ def test_reset_refuses_while_locked():
         assert "hold" in str(e)
     c.unlock(m.node)
     assert sorted(c.reset()) == [5, 6] and c.total_pages == 0
+
+
+def test_a_match_without_touch_splits_but_keeps_pages_counts_and_lru_order():
+    """PrefixCache.match_prefix's contract: touch=False may split an edge, and changes nothing else."""
+    c = RadixCache(2)
+    c.insert([1, 2, 3, 4], [1, 2])  # older
+    c.insert([7, 8], [3])  # newer
+    before = sorted((tuple(seq), tuple(n.pages)) for _, seq, n in c.sequences())
+    m = c.match_prefix([1, 2, 9, 9], touch=False)
+    assert m.pages == [1] and m.matched_len == 2
+    after = sorted((tuple(seq), tuple(n.pages)) for _, seq, n in c.sequences())
+    assert before == [((1, 2, 3, 4), (1, 2)), ((7, 8), (3,))]
+    assert after == [((1, 2), (1,)), ((1, 2, 3, 4), (2,)), ((7, 8), (3,))]  # split at the page boundary
+    assert (c.total_pages, c.evictable_pages) == (3, 3)
+    assert c.evict(1) == [2]  # still least recently used: the untouched older sequence's leaf
+    c.match_prefix([1, 2])  # a touching match makes it the newest
+    assert c.evict(1) == [3]
+
+
+def test_matched_len_counts_full_pages_and_the_partial_page():
+    c = RadixCache(4)
+    c.insert([1, 2, 3, 4, 5, 6], [10, 11])
+    assert c.match_prefix([1, 2, 3, 4, 5, 6, 7]).matched_len == 6
+    assert c.match_prefix([1, 2, 3, 4]).matched_len == 4
+    assert c.match_prefix([9]).matched_len == 0
+
+
+def test_both_caches_keep_the_whole_prefix_cache_contract():
+    """Every PrefixCache member exists on both implementations with the same parameters."""
+    import inspect
+
+    from radixrt.cache import NoPrefixCache, PrefixCache
+
+    members = [n for n in vars(PrefixCache) if not n.startswith("_")]
+    assert {"match_prefix", "insert", "lock", "unlock", "evict", "reset", "sequence_of", "sequences"} <= set(members)
+    for impl in (RadixCache(4), NoPrefixCache(4)):
+        for name in members:
+            want = inspect.signature(getattr(PrefixCache, name)).parameters
+            got = inspect.signature(getattr(type(impl), name)).parameters
+            assert list(got) == list(want), (type(impl).__name__, name)
+            assert [p.default for p in got.values()] == [p.default for p in want.values()], (type(impl).__name__, name)
+        for attr in PrefixCache.__annotations__:
+            assert isinstance(getattr(impl, attr), int), (type(impl).__name__, attr)
+    off = NoPrefixCache(4)
+    assert off.insert([1, 2, 3, 4, 5], [7, 8]).existing_pages == 2  # keeps nothing: both pages stay the caller's
+    assert off.match_prefix([1, 2, 3, 4, 5]).matched_len == 0 and list(off.sequences()) == []

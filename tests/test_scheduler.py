@@ -37,7 +37,7 @@ def tree_pages(cache) -> list[int]:
 
 def assert_pages_consistent(s: Scheduler) -> None:
     """free + cache + each running request's own pages == pool, with no page in two places."""
-    owned = [p for r in s.running for p in r.owned_pages]
+    owned = [p for r in s.running for p in r.kv.owned_pages]
     held = tree_pages(s.mem.cache)
     free = s.mem.allocator._free.tolist()
     everything = owned + held + free
@@ -281,14 +281,14 @@ def test_aborting_a_swapped_out_request_frees_its_host_slots():
     s, w = make(num_pages=40, page_size=4, tiers={"host_pages": 200}, preemption_mode="swap", chunked_prefill_size=64)
     for i in range(12):
         s.add_request(req(f"r{i}", [rng.randrange(50) for _ in range(60)], 40))
-    while not any(r.swap_slots for r in s.waiting):
+    while not any(r.kv.is_swapped for r in s.waiting):
         batch = s.schedule()
         moves = s.take_moves()
         if moves:
             w.move(moves)
         s.process(w.forward(batch))
-    victim = next(r for r in s.waiting if r.swap_slots)
-    assert s.stats()["host_swap_pages"] == len(victim.swap_slots) > 0
+    victim = next(r for r in s.waiting if r.kv.is_swapped)
+    assert s.stats()["host_swap_pages"] == len(victim.kv.swap_slots) > 0
     s.abort(victim.rid)
     assert s.stats()["host_swap_pages"] == 0
 
@@ -421,3 +421,48 @@ def test_an_undecodable_message_is_answered_by_its_rid_and_drops_a_request_held_
     (out,) = s.take_outputs()
     assert out.rid == "held" and out.finish.status_code == 400 and "sampling.temperature" in out.finish.message
     assert_idle_pool(s)
+
+
+def test_a_match_never_counts_its_own_cached_pages_as_room():
+    """Admission pins the match before it counts the room: the cached prefix's pages plus the
+    free ones would cover the request, but its own prefix cannot be evicted to make room for it."""
+    s, w = make(num_pages=8, page_size=4)
+    doc = list(range(16))
+    run(s, w, [req("doc", doc, 1)])
+    assert s.mem.cache.total_pages == 4 and s.mem.allocator.num_free == 4
+    outputs, finish = run(s, w, [req("long", doc + [1] * 20, 1), req("short", doc + [2], 3)])
+    assert finish["long"].type == "abort" and "pool" in finish["long"].message  # 9 pages > 8, not OutOfPages
+    assert outputs["short"] == reference_generate(doc + [2], 3)
+    assert_idle_pool(s)
+
+
+def test_only_kv_memory_writes_a_requests_kv_handle():
+    """The scheduler reads lengths; page state (r.kv, a KVHandle) has one writer."""
+    import ast
+    from pathlib import Path
+
+    def writes(tree: ast.AST) -> list[int]:
+        def handle(e: ast.AST) -> bool:  # r.kv, or a local named kv
+            return (isinstance(e, ast.Attribute) and e.attr == "kv") or (isinstance(e, ast.Name) and e.id == "kv")
+
+        lines = []
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for t in targets:
+                while isinstance(t, (ast.Attribute, ast.Subscript)) and not handle(t.value):
+                    t = t.value
+                if isinstance(t, (ast.Attribute, ast.Subscript)) and handle(t.value):
+                    lines.append(node.lineno)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                obj = node.func.value
+                if handle(obj) or (isinstance(obj, ast.Attribute) and handle(obj.value)):
+                    if node.func.attr in ("reset", "clear_swap", "append", "extend", "pop", "clear"):
+                        lines.append(node.lineno)
+        return lines
+
+    assert writes(ast.parse("r.kv.pages = []\nkv.kv_len += 1\nr.kv.pages.append(3)\nr.kv.reset()")) == [1, 2, 3, 4]
+    assert writes(ast.parse("n = r.kv.kv_len\nx = len(r.kv.pages)")) == []
+    root = Path(__file__).resolve().parents[1] / "radixrt"
+    owners = {root / "scheduler" / "kv_memory.py", root / "scheduler" / "kv_handle.py"}
+    found = {str(p.relative_to(root)): writes(ast.parse(p.read_text())) for p in root.rglob("*.py") if p not in owners}
+    assert not {k: v for k, v in found.items() if v}, found

@@ -1,12 +1,14 @@
-"""NoPrefixCache (`--disable-radix-cache`): the RadixCache interface, caching nothing.
+"""NoPrefixCache (`--disable-radix-cache`): the PrefixCache contract, caching nothing.
 
 match finds nothing, insert takes no page (every page stays the request's and
-is freed when it leaves), and there is never anything to evict.
+is freed when it leaves), and there is never anything to evict or persist.
 """
 
 from __future__ import annotations
 
-from radixrt.cache.radix_cache import InsertResult, MatchResult, Node
+from typing import Callable, Iterator
+
+from radixrt.cache.prefix_cache import InsertResult, MatchResult, Node
 
 
 class NoPrefixCache:
@@ -18,7 +20,7 @@ class NoPrefixCache:
         self.evicted_pages = 0
 
     def match_prefix(self, tokens: list[int], namespace: str | None = None, touch: bool = True) -> MatchResult:
-        return MatchResult([], self._root)
+        return MatchResult([], self._root, self.page_size)
 
     def insert(self, tokens: list[int], pages: list[int], namespace: str | None = None) -> InsertResult:
         return InsertResult(self._root, len(pages), [])
@@ -29,8 +31,14 @@ class NoPrefixCache:
     def unlock(self, node: Node) -> None:
         pass
 
-    def evict(self, num_pages: int, sink=None) -> list[int]:
+    def evict(self, num_pages: int, sink: Callable[[Node], None] | None = None) -> list[int]:
         return []
 
     def reset(self) -> list[int]:
         return []
+
+    def sequence_of(self, node: Node) -> tuple[str | None, list[int]]:
+        return None, []  # the only node is the root
+
+    def sequences(self) -> Iterator[tuple[str | None, list[int], Node]]:
+        return iter(())

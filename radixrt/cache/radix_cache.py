@@ -11,56 +11,18 @@ first, kept in a SortedList by last access so nothing scans the tree. A node
 whose subtree is unlocked is evictable; its pages count in evictable_pages.
 
 Namespaces (a request's cache_salt) each get their own root: requests in
-different namespaces never share pages.
+different namespaces never share pages. The contract it keeps with its callers
+is PrefixCache (prefix_cache.py).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from sortedcontainers import SortedList
 
-
-@dataclass(eq=False)
-class Node:
-    key: list[int]  # tokens on the edge into this node
-    pages: list[int]  # ceil(len(key) / page_size) page ids
-    parent: Node | None
-    children: dict[tuple[int, ...], Node] = field(default_factory=dict)  # by first page of their key
-    lock_ref: int = 0  # running requests whose locked path passes through here
-    last_access: int = 0
-    id: int = 0
-
-    @property
-    def is_leaf(self) -> bool:
-        return not self.children
-
-
-@dataclass(frozen=True)
-class MatchResult:
-    """pages: the matched full pages, safe to use only while `node` is locked.
-    partial_page/partial_len: the next page's first partial_len tokens also
-    match; copy them (never write to that page) to reuse them."""
-
-    pages: list[int]
-    node: Node
-    partial_page: int | None = None
-    partial_len: int = 0
-
-
-@dataclass(frozen=True)
-class InsertResult:
-    """node: the deepest full-page node of the inserted sequence (lock it to pin it).
-    existing_pages: how many leading pages' tokens the tree already held; the
-    caller's pages there were not taken and stay the caller's (the rest now
-    belong to the tree). released_pages: tree pages the insert made redundant;
-    the caller returns them to the allocator."""
-
-    node: Node
-    existing_pages: int
-    released_pages: list[int]
+from radixrt.cache.prefix_cache import InsertResult, MatchResult, Node
 
 
 class RadixCache:
@@ -102,22 +64,26 @@ class RadixCache:
                     stack.append((child, tokens + child.key))
 
     def match_prefix(self, tokens: list[int], namespace: str | None = None, touch: bool = True) -> MatchResult:
-        """The longest cached page-aligned prefix of tokens, plus a partial next page."""
-        node, pos, pages = self.root(namespace), 0, []
-        now = next(self._clock) if touch else 0
-        while True:
-            child = self._full_child(node, tokens, pos)
-            if child is None:
-                break
+        """The longest cached page-aligned prefix of tokens, plus a partial next page
+        (what it mutates and how long the result is valid: see PrefixCache)."""
+        node, pos, pages = self._descend(self.root(namespace), tokens, next(self._clock) if touch else None)
+        partial_page, partial_len = self._best_partial(node, tokens[pos : pos + self.page_size])
+        return MatchResult(pages, node, self.page_size, partial_page, partial_len)
+
+    def _descend(self, node: Node, tokens: list[int], now: int | None) -> tuple[Node, int, list[int]]:
+        """Follow tokens down from node through whole matching pages, splitting the last
+        node where the match ends inside its edge; touch the path at `now` unless None.
+        Returns the deepest node reached, the tokens matched and their pages."""
+        pos, pages = 0, []
+        while (child := self._full_child(node, tokens, pos)) is not None:
             k = self._equal_pages(child.key, tokens, pos)
             if k < len(child.pages):
                 child = self._split(child, k)
-            if touch:
+            if now is not None:
                 self._touch(child, now)
             pages += child.pages
             node, pos = child, pos + len(child.key)
-        partial_page, partial_len = self._best_partial(node, tokens[pos : pos + self.page_size])
-        return MatchResult(pages, node, partial_page, partial_len)
+        return node, pos, pages
 
     def _full_child(self, node: Node, tokens: list[int], pos: int) -> Node | None:
         ps = self.page_size
@@ -145,18 +111,13 @@ class RadixCache:
     # -- insertion -------------------------------------------------------------
 
     def insert(self, tokens: list[int], pages: list[int], namespace: str | None = None) -> InsertResult:
-        """Add tokens (with their pages) to the tree; the tree keeps what it did not have."""
+        """Add tokens (with their pages) to the tree; the tree keeps what it did not have
+        (ownership: see PrefixCache.insert)."""
         ps = self.page_size
         assert len(pages) == -(-len(tokens) // ps), "pages must cover tokens exactly"
-        node, pos, existing = self.root(namespace), 0, 0
         now = next(self._clock)
-        while (child := self._full_child(node, tokens, pos)) is not None:
-            k = self._equal_pages(child.key, tokens, pos)
-            if k < len(child.pages):
-                child = self._split(child, k)
-            self._touch(child, now)
-            existing += len(child.pages)
-            node, pos = child, pos + len(child.key)
+        node, pos, matched = self._descend(self.root(namespace), tokens, now)
+        existing = len(matched)
         released: list[int] = []
         aligned = len(tokens) // ps * ps
         if pos < aligned:

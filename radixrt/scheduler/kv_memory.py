@@ -1,5 +1,7 @@
 """KVMemory: which KV page belongs to whom, for the scheduler.
 
+It alone writes a request's KVHandle (r.kv): pages, pins, tier and swap state.
+
 Joins the page allocator and the prefix cache. A request's page table starts
 with the pages its prefix matched (held by the cache, pinned by a lock), may
 continue with a private copy of a partially matching page (copy-on-write: the
@@ -41,6 +43,10 @@ class KVMemory:
         self.copy_dst: list[int] = []
 
     @property
+    def num_pages(self) -> int:
+        return self.allocator.num_pages
+
+    @property
     def available(self) -> int:
         """Pages that can be had now: free, or freed by evicting unpinned cache leaves."""
         return self.allocator.num_free + self.cache.evictable_pages
@@ -48,10 +54,9 @@ class KVMemory:
     # -- admission -------------------------------------------------------------------
 
     def match(self, r: Req) -> MatchResult:
-        """Look up r's reusable prefix and pin it (unpin with unlock_match if r is not admitted)."""
-        m = self.cache.match_prefix(r.tokens(0, r.match_limit), r.cache_salt)
-        self.cache.lock(m.node)
-        return m
+        """r's reusable prefix in the tree. Nothing is pinned: the result is good until the
+        next allocation, so pass it to admit() before allocating anything."""
+        return self.cache.match_prefix(r.tokens(0, r.match_limit), r.cache_salt)
 
     def prefix_len(self, r: Req) -> int:
         """Tokens of r the cache holds now, in the tree or below it, without touching LRU order (for the policy)."""
@@ -59,7 +64,7 @@ class KVMemory:
         below = self._tier_keys(r, len(m.pages))
         if below:
             return (len(m.pages) + self.tiers.hits(below)) * self.page_size
-        return len(m.pages) * self.page_size + m.partial_len
+        return m.matched_len
 
     def _tier_keys(self, r: Req, start: int) -> list[str]:
         """Content keys of r's full pages from page `start` up to its match limit; [] without a host tier cache."""
@@ -68,38 +73,40 @@ class KVMemory:
         full = r.match_limit // self.page_size
         if full <= start:
             return []
-        r.page_keys = page_keys(r.tokens(0, full * self.page_size), self.page_size, r.cache_salt, r.page_keys)
-        return r.page_keys[start:full]
+        kv = r.kv
+        kv.page_keys = page_keys(r.tokens(0, full * self.page_size), self.page_size, r.cache_salt, kv.page_keys)
+        return kv.page_keys[start:full]
 
-    def unlock_match(self, m: MatchResult) -> None:
-        self.cache.unlock(m.node)
-
-    def admission_pages(self, m: MatchResult, n: int) -> int:
-        """New pages r needs to run n tokens past its match."""
-        matched = len(m.pages) * self.page_size + m.partial_len
-        return math.ceil((matched + n) / self.page_size) - len(m.pages)
-
-    def admit(self, r: Req, m: MatchResult) -> None:
-        """Start r's page table from its match; copy a partial page's slots into a page of its own."""
-        r.pages, r.tree_pages, r.pages_sent, r.dup_pages = list(m.pages), len(m.pages), 0, []
-        r.lock_node = m.node
-        r.kv_len = len(m.pages) * self.page_size
-        if m.partial_len:
+    def admit(self, r: Req, m: MatchResult, n: int, reserve: int) -> bool:
+        """Start r's page table from its match m (fresh from match(r)) if the pages to run its
+        next n tokens fit with `reserve` pages kept back; False, changing nothing, if not.
+        The match is pinned, goes on into the lower tiers as far as the pages allow (loading
+        replaces computing), and a partial page's slots are copied into a page of r's own."""
+        self.cache.lock(m.node)  # first: the match's own pages are not available to it
+        if math.ceil((m.matched_len + n) / self.page_size) - len(m.pages) + reserve > self.available:
+            self.cache.unlock(m.node)
+            return False
+        full = self._extend_from_tiers(r, m, self.available - reserve)
+        kv = r.kv
+        kv.reset(list(full.pages), len(full.pages) * self.page_size)
+        kv.tree_pages, kv.lock_node = len(full.pages), full.node
+        if full.partial_len:
             (own,) = self.alloc(1)
             ps = self.page_size
-            self.copy_src += range(m.partial_page * ps, m.partial_page * ps + m.partial_len)
-            self.copy_dst += range(own * ps, own * ps + m.partial_len)
-            r.pages.append(own)
-            r.kv_len += m.partial_len
+            self.copy_src += range(full.partial_page * ps, full.partial_page * ps + full.partial_len)
+            self.copy_dst += range(own * ps, own * ps + full.partial_len)
+            kv.pages.append(own)
+            kv.kv_len += full.partial_len
+        return True
 
     # -- growth ------------------------------------------------------------------------
 
     def pages_needed(self, r: Req, n: int) -> int:
-        return math.ceil((r.kv_len + n) / self.page_size) - len(r.pages)
+        return math.ceil((r.kv_len + n) / self.page_size) - len(r.kv.pages)
 
     def fit_tokens(self, r: Req, n: int) -> int:
         """The most of r's next n tokens whose pages can be had now."""
-        capacity = (len(r.pages) + self.available) * self.page_size - r.kv_len
+        capacity = (len(r.kv.pages) + self.available) * self.page_size - r.kv_len
         return max(0, min(n, capacity))
 
     def alloc(self, n: int) -> list[int]:
@@ -113,10 +120,15 @@ class KVMemory:
 
     def grow(self, r: Req, n: int) -> list[int]:
         """Pages for r's next n tokens; returns the page-table delta the worker has not seen."""
-        r.pages += self.alloc(self.pages_needed(r, n))
-        delta = r.pages[r.pages_sent :]
-        r.pages_sent = len(r.pages)
+        kv = r.kv
+        kv.pages += self.alloc(self.pages_needed(r, n))
+        delta = kv.pages[kv.pages_sent :]
+        kv.pages_sent = len(kv.pages)
         return delta
+
+    def advance(self, r: Req, n: int) -> None:
+        """The worker computed the KV of r's next n tokens (into the pages grow() gave)."""
+        r.kv.kv_len += n
 
     def _offload(self, leaf: Node) -> None:
         """An evicted leaf's full pages go down a tier (a partial leaf is only dropped)."""
@@ -126,9 +138,9 @@ class KVMemory:
         keys = page_keys(tokens, self.page_size, namespace)
         self.tiers.offload(keys[len(keys) - len(leaf.pages) :], leaf.pages)
 
-    def extend_from_tiers(self, r: Req, m: MatchResult, max_pages: int) -> MatchResult:
-        """Go on from a tree match into the lower tiers: load (up to max_pages of) the pages they
-        hold into device pages, which join the tree (pinned, as m was). m is consumed."""
+    def _extend_from_tiers(self, r: Req, m: MatchResult, max_pages: int) -> MatchResult:
+        """Go on from a locked tree match into the lower tiers: load (up to max_pages of) the
+        pages they hold into device pages, which join the tree (pinned, as m was). m is consumed."""
         ps, start = self.page_size, len(m.pages)
         keys = self._tier_keys(r, start)
         n = min(self.tiers.hits(keys), max_pages) if keys else 0
@@ -146,39 +158,41 @@ class KVMemory:
         self.allocator.free(res.released_pages)
         self.cache.lock(res.node)
         self.cache.unlock(m.node)
-        return MatchResult(m.pages + pages[:n], res.node)
+        return MatchResult(m.pages + pages[:n], res.node, ps)
 
     def swap_out(self, r: Req) -> bool:
         """Park r's KV in host memory before it is released; False if it does not fit."""
-        pages = r.pages[: math.ceil(r.kv_len / self.page_size)]
+        kv = r.kv
+        pages = kv.pages[: math.ceil(kv.kv_len / self.page_size)]
         slots = self.tiers.swap_out(pages) if self.tiers is not None and pages else None
         if slots is None:
             return False
-        r.swap_slots, r.swapped_len = slots, r.kv_len
+        kv.swap_slots, kv.swapped_len = slots, kv.kv_len
         return True
 
     def swap_in_pages(self, r: Req, n: int) -> int:
         """Pages a swapped-out r needs to come back and run n more tokens."""
-        return math.ceil((r.swapped_len + n) / self.page_size)
+        return math.ceil((r.kv.swapped_len + n) / self.page_size)
 
     def swap_in(self, r: Req) -> None:
         """Bring a swapped-out r's KV back into fresh pages of its own."""
-        pages = self.alloc(len(r.swap_slots))
-        self.tiers.swap_in(r.swap_slots, pages)
-        r.pages, r.tree_pages, r.pages_sent, r.dup_pages, r.lock_node = pages, 0, 0, [], None
-        r.kv_len, r.swap_slots, r.swapped_len = r.swapped_len, [], 0
+        kv = r.kv
+        pages = self.alloc(len(kv.swap_slots))
+        self.tiers.swap_in(kv.swap_slots, pages)
+        kv.reset(pages, kv.swapped_len)
+        kv.clear_swap()
 
     def drop_swap(self, r: Req) -> None:
         """A swapped-out r leaves without coming back (aborted): free its host slots."""
-        self.tiers.host.release(r.swap_slots)
-        r.swap_slots, r.swapped_len = [], 0
+        self.tiers.host.release(r.kv.swap_slots)
+        r.kv.clear_swap()
 
     def take_moves(self) -> list[KVMove]:
         return self.tiers.take_moves() if self.tiers is not None else []
 
     def persist(self) -> list[KVMove]:
         """At shutdown: the moves that write every cached page to the disk tier."""
-        if self.tiers is None or not isinstance(self.cache, RadixCache):
+        if self.tiers is None:
             return []
         known: dict[int, list[str]] = {}
         device: list[tuple[str, int]] = []
@@ -200,33 +214,34 @@ class KVMemory:
     def cache_progress(self, r: Req) -> None:
         """Hand r's full computed pages to the cache (r keeps using them, pinned)."""
         full = r.kv_len // self.page_size
-        if full > r.tree_pages:
+        if full > r.kv.tree_pages:
             self._insert(r, full * self.page_size)
 
     def release(self, r: Req) -> None:
         """r leaves (finished, aborted or retracted): cache what it computed, free what it owns."""
-        kept = math.ceil(r.kv_len / self.page_size)
-        extra = r.pages[kept:]  # allocated for a step that never ran
-        r.pages = r.pages[:kept]
-        if r.kv_len > 0:
-            self._insert(r, r.kv_len)
-        self.allocator.free(r.owned_pages + extra)
-        if r.lock_node is not None:
-            self.cache.unlock(r.lock_node)
-        r.pages, r.dup_pages, r.tree_pages, r.pages_sent, r.lock_node = [], [], 0, 0, None
+        kv = r.kv
+        kept = math.ceil(kv.kv_len / self.page_size)
+        extra = kv.pages[kept:]  # allocated for a step that never ran
+        kv.pages = kv.pages[:kept]
+        if kv.kv_len > 0:
+            self._insert(r, kv.kv_len)
+        self.allocator.free(kv.owned_pages + extra)
+        if kv.lock_node is not None:
+            self.cache.unlock(kv.lock_node)
+        kv.reset()
 
     def _insert(self, r: Req, n_tokens: int) -> None:
-        n_pages = math.ceil(n_tokens / self.page_size)
-        res = self.cache.insert(r.tokens(0, n_tokens), r.pages[:n_pages], r.cache_salt)
+        kv, n_pages = r.kv, math.ceil(n_tokens / self.page_size)
+        res = self.cache.insert(r.tokens(0, n_tokens), kv.pages[:n_pages], r.cache_salt)
         # Pages the cache already had stay ours (we still read them); the rest are now the cache's.
-        if res.existing_pages > r.tree_pages:
-            r.dup_pages += r.pages[r.tree_pages : res.existing_pages]
-        r.tree_pages = max(r.tree_pages, n_pages)
+        if res.existing_pages > kv.tree_pages:
+            kv.dup_pages += kv.pages[kv.tree_pages : res.existing_pages]
+        kv.tree_pages = max(kv.tree_pages, n_pages)
         self.allocator.free(res.released_pages)
         self.cache.lock(res.node)
-        if r.lock_node is not None:
-            self.cache.unlock(r.lock_node)
-        r.lock_node = res.node
+        if kv.lock_node is not None:
+            self.cache.unlock(kv.lock_node)
+        kv.lock_node = res.node
 
     def flush(self) -> None:
         """Forget every cached page on the device and in host memory (the disk tier is
@@ -234,3 +249,16 @@ class KVMemory:
         self.allocator.free(self.cache.reset())
         if self.tiers is not None:
             self.tiers.clear_host()
+
+    def stats(self) -> dict[str, int]:
+        """Pool, cache and tier counters (used_pages: the requests' own, by the invariant)."""
+        alloc, cache = self.allocator, self.cache
+        return {
+            "num_pages": alloc.num_pages,
+            "free_pages": alloc.num_free,
+            "cached_pages": cache.total_pages,
+            "evictable_pages": cache.evictable_pages,
+            "used_pages": alloc.num_pages - alloc.num_free - cache.total_pages,
+            "evicted_pages": cache.evicted_pages,
+            **(self.tiers.stats() if self.tiers is not None else {}),
+        }

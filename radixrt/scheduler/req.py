@@ -1,12 +1,14 @@
-"""Req: one request's state in the scheduler, with its derived quantities named."""
+"""Req: one request's state in the scheduler, with its derived quantities named.
+
+Its KV pages are in `kv`, a KVHandle that only KVMemory writes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixrt.cache import Node
 from radixrt.messages import FinishReason, TokenizedRequest, TopLogprobs
 from radixrt.sampling_params import SamplingParams
+from radixrt.scheduler.kv_handle import KVHandle
 
 
 @dataclass(eq=False)
@@ -19,15 +21,7 @@ class Req:
     top_logprobs_num: int = 0
     cache_salt: str | None = None  # prefix-cache namespace
     output_ids: list[int] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)  # page table: KV of positions [0, kv_len)
-    pages_sent: int = 0  # leading pages the worker's page table already has
-    tree_pages: int = 0  # leading pages covered by the prefix cache (matched or inserted)
-    dup_pages: list[int] = field(default_factory=list)  # our pages among those whose tokens the cache already had
-    lock_node: Node | None = None  # deepest prefix-cache node this request pins
-    kv_len: int = 0  # tokens whose KV is in `pages`
-    page_keys: list[str] = field(default_factory=list)  # content keys of leading full pages (lower tiers)
-    swap_slots: list[int] = field(default_factory=list)  # host slots holding its KV while swapped out
-    swapped_len: int = 0  # tokens of KV in swap_slots
+    kv: KVHandle = field(default_factory=KVHandle)  # its pages (KVMemory writes, everyone else reads)
     recompute_len: int = 0  # tokens of KV it had when retracted to recompute
     cached_tokens: int = -1  # prompt tokens reused from the prefix cache at first admission (-1: not yet)
     slot: int | None = None  # worker slot while running
@@ -55,6 +49,11 @@ class Req:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def kv_len(self) -> int:
+        """Tokens whose KV is in its pages."""
+        return self.kv.kv_len
+
+    @property
     def extend_len(self) -> int:
         """Tokens still to run through the model before the next sample (1 while decoding)."""
         return self.seq_len - self.kv_len
@@ -66,11 +65,6 @@ class Req:
     @property
     def remaining_tokens(self) -> int:
         return max(self.sampling.max_new_tokens - self.output_len, 0)
-
-    @property
-    def owned_pages(self) -> list[int]:
-        """Pages this request must free itself (the rest belong to the prefix cache)."""
-        return self.dup_pages + self.pages[self.tree_pages :]
 
     @property
     def match_limit(self) -> int:

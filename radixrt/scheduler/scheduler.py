@@ -13,10 +13,11 @@ swapped to host memory and back, so nothing fails.
 
 from __future__ import annotations
 
+import enum
 import logging
+from dataclasses import dataclass
 from typing import Any
 
-from radixrt.cache import MatchResult
 from radixrt.config import ServerArgs
 from radixrt.errors import from_validation
 from radixrt.messages import (
@@ -26,7 +27,6 @@ from radixrt.messages import (
     FinishReason,
     ForwardBatch,
     KVMove,
-    LogprobSpec,
     ReqOutput,
     SlotInit,
     TokenizedRequest,
@@ -42,6 +42,13 @@ from radixrt.scheduler.bad_input import (
 from radixrt.scheduler.budget import AdmissionBudget
 from radixrt.scheduler.kv_memory import KVMemory
 from radixrt.scheduler.kv_tiers import KVTiers
+from radixrt.scheduler.logprobs import (
+    attach_output_logprobs,
+    attach_prompt_logprobs,
+    collect_prompt_logprobs,
+    forget_prompt_logprobs,
+    logprob_spec,
+)
 from radixrt.scheduler.policy import SCHEDULE_POLICIES
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.stop import StopChecker
@@ -49,12 +56,28 @@ from radixrt.scheduler.stop import StopChecker
 logger = logging.getLogger(__name__)
 
 
+class Outcome(enum.Enum):
+    ADMITTED = enum.auto()  # into the running batch
+    WAIT = enum.auto()  # a request computing its prefix runs first; it waits a step and hits the cache
+    NO_ROOM = enum.auto()  # its pages do not fit: it, and every later request in policy order, waits
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What trying to admit one waiting request came to."""
+
+    outcome: Outcome
+    tokens: int = 0  # admitted: the tokens it runs this step
+
+
+WAIT, NO_ROOM = Admission(Outcome.WAIT), Admission(Outcome.NO_ROOM)
+
+
 class Scheduler:
     SHARE_PROBE = 32  # tokens compared to detect two waiting requests sharing an uncached prefix
 
     def __init__(self, args: ServerArgs, worker: WorkerReady, tokenizer: Any) -> None:
         self.args = args
-        self.page_size = worker.page_size
         tiers = None
         if worker.host_pages:
             tiers = KVTiers(worker.host_pages, args.enable_hierarchical_cache, worker.disk_dir, worker.disk_pages)
@@ -173,42 +196,37 @@ class Scheduler:
         for r in self.policy(self.waiting, self.mem.prefix_len):
             if token_budget <= 0 or not self.free_slots:
                 break
-            if r.swap_slots:
-                n = self._admit_swapped(r, token_budget, reserve)
+            if r.kv.is_swapped:
+                a = self._admit_swapped(r, token_budget, reserve)
             else:
-                n = self._admit_waiting(r, token_budget, reserve, computing)
-            if n is None:  # no room: later requests in policy order wait too
+                a = self._admit_waiting(r, token_budget, reserve, computing)
+            if a.outcome is Outcome.NO_ROOM:
                 break
-            if n:
-                entries.append(self._entry(r, n))
-                token_budget -= n
+            if a.outcome is Outcome.ADMITTED:
+                entries.append(self._entry(r, a.tokens))
+                token_budget -= a.tokens
                 reserve += self.budget.reserve_pages([r])
 
-    def _admit_waiting(self, r: Req, token_budget: int, reserve: int, computing: list[Req]) -> int | None:
-        """Admit r from its longest cached prefix: the tokens it runs this step; 0 if it should
-        wait for a request computing its prefix; None if its pages do not fit."""
+    def _admit_waiting(self, r: Req, token_budget: int, reserve: int, computing: list[Req]) -> Admission:
+        """Admit r from its longest cached prefix, unless it should wait or does not fit."""
         m = self.mem.match(r)
-        matched = len(m.pages) * self.page_size + m.partial_len
-        n = min(r.seq_len - matched, token_budget)
-        if self._shares_uncached_prefix(r, matched, computing):
-            self.mem.unlock_match(m)
-            return 0
-        if self.mem.admission_pages(m, n) + reserve > self.mem.available:
-            self.mem.unlock_match(m)
-            return None
-        # Loading from the lower tiers replaces computing those tokens; the reserve stays back.
-        m = self.mem.extend_from_tiers(r, m, self.mem.available - reserve)
-        self._admit(r, m)
+        if self._shares_uncached_prefix(r, m.matched_len, computing):
+            return WAIT
+        if not self.mem.admit(r, m, min(r.seq_len - m.matched_len, token_budget), reserve):
+            return NO_ROOM
+        self._start(r)
         computing.append(r)
-        return min(r.seq_len - r.kv_len, token_budget)
+        return Admission(Outcome.ADMITTED, min(r.extend_len, token_budget))
 
-    def _admit_swapped(self, r: Req, token_budget: int, reserve: int) -> int | None:
-        """Bring a swapped-out r back from host memory: the tokens it runs this step, or None."""
-        n = min(r.seq_len - r.swapped_len, token_budget)
+    def _admit_swapped(self, r: Req, token_budget: int, reserve: int) -> Admission:
+        """Bring a swapped-out r back from host memory, if its pages fit."""
+        n = min(r.seq_len - r.kv.swapped_len, token_budget)
         if self.mem.swap_in_pages(r, n) + reserve > self.mem.available:
-            return None
-        self._admit(r, None)
-        return n
+            return NO_ROOM
+        self.mem.swap_in(r)
+        self.counters["swaps_in"] += 1
+        self._start(r)
+        return Admission(Outcome.ADMITTED, n)
 
     def _shares_uncached_prefix(self, r: Req, matched: int, computing: list[Req]) -> bool:
         """A request still prefilling will compute r's next tokens: wait for them and hit the cache."""
@@ -229,18 +247,13 @@ class Scheduler:
                 self._retract(victim)
             return victim
         r = self.waiting.pop(0)
-        pool = self.mem.allocator.num_pages
+        pool = self.mem.num_pages
         self._finish(r, FinishReason("abort", message=f"the prompt needs more KV pages than the pool's {pool}"))
         return r
 
-    def _admit(self, r: Req, m: MatchResult | None) -> None:
-        """Into the running batch from its match, or (m None) back from swap."""
+    def _start(self, r: Req) -> None:
+        """r has its pages (from its match, or back from swap): into the running batch."""
         self.waiting.remove(r)
-        if m is None:
-            self.mem.swap_in(r)
-            self.counters["swaps_in"] += 1
-        else:
-            self.mem.admit(r, m)
         if r.cached_tokens < 0:  # first admission: count the hit
             r.cached_tokens = r.kv_len
             self.counters["prompt_tokens"] += r.prompt_len
@@ -262,19 +275,7 @@ class Scheduler:
             penalty_ids = r.prompt_ids if r.sampling.repetition_penalty != 1 else []
             init = SlotInit(r.sampling, self.stop.stop_ids(r), penalty_ids, list(r.output_ids))
         self.inflight.append((r, n))
-        return BatchEntry(r.slot, r.tokens(start, start + n), start, new_pages, sample, init, self._logprob_spec(r, start, n))
-    @staticmethod
-    def _logprob_spec(r: Req, start: int, n: int) -> LogprobSpec | None:
-        if not r.return_logprob:
-            return None
-        prompt_from, targets = -1, []
-        if r.wants_prompt_logprobs:
-            # Row j predicts prompt token j + 1; wanted targets are [max(start_len, 1), prompt_len).
-            lo = max(start, max(r.logprob_start_len, 1) - 1)
-            hi = min(start + n, r.prompt_len - 1)
-            if hi > lo:
-                prompt_from, targets = lo - start, r.prompt_ids[lo + 1 : hi + 1]
-        return LogprobSpec(prompt_from, targets, r.top_logprobs_num, output=True)
+        return BatchEntry(r.slot, r.tokens(start, start + n), start, new_pages, sample, init, logprob_spec(r, start, n))
 
     # -- results ---------------------------------------------------------------
 
@@ -291,7 +292,7 @@ class Scheduler:
                 logger.error("request %s failed in step %d: %s", r.rid, self.step_no, failed[i])
                 self._finish(r, internal_error(failed[i]))
                 continue
-            r.kv_len += n
+            self.mem.advance(r, n)
             r.slot_initialized = True
             next_id = next(ids) if r.kv_len == r.seq_len and r.sampling.max_new_tokens > 0 else None
             try:
@@ -310,15 +311,13 @@ class Scheduler:
 
     def _advance(self, r: Req, lp: EntryLogprobs | None, next_id: int | None) -> ReqOutput | None:
         """r after a step that ran (next_id: its sampled token, if any): its output, finish, logprobs."""
-        if lp is not None and lp.prompt:
-            r.input_logprobs += lp.prompt
-            r.input_top += lp.prompt_top
+        collect_prompt_logprobs(r, lp)
         out = ReqOutput(r.rid, [], prompt_tokens=r.prompt_len, cached_tokens=max(r.cached_tokens, 0))
-        self._attach_prompt_logprobs(r, out)
+        attach_prompt_logprobs(r, out)
         if next_id is not None:
             r.output_ids.append(next_id)
             out.new_ids = [next_id]
-            self._attach_output_logprobs(lp, out)
+            attach_output_logprobs(lp, out)
             r.finish = self.stop.check(r)
         elif r.kv_len == r.seq_len:  # a prefill-only request (max_new_tokens 0) is done
             r.finish = FinishReason("length", length=0)
@@ -327,21 +326,6 @@ class Scheduler:
             return out
         return None
 
-    def _attach_prompt_logprobs(self, r: Req, out: ReqOutput) -> None:
-        if r.kv_len < r.prompt_len or not r.wants_prompt_logprobs:
-            return
-        first: list = [None] if r.logprob_start_len == 0 else []
-        out.input_logprobs = first + r.input_logprobs
-        out.input_top = first + r.input_top if r.top_logprobs_num > 0 else None
-        r.prompt_logprobs_sent = True
-
-    @staticmethod
-    def _attach_output_logprobs(lp: EntryLogprobs | None, out: ReqOutput) -> None:
-        if lp is None or lp.output is None:
-            return
-        out.output_logprobs = [lp.output]
-        out.output_top = [lp.output_top] if lp.output_top is not None else []
-
     # -- freeing ---------------------------------------------------------------
 
     def _finish(self, r: Req, reason: FinishReason) -> None:
@@ -349,7 +333,7 @@ class Scheduler:
         self.outbox.append(ReqOutput(r.rid, [], reason, r.prompt_len, max(r.cached_tokens, 0)))
         if r in self.running:
             self._release(r)
-        elif r.swap_slots:
+        elif r.kv.is_swapped:
             self.mem.drop_swap(r)
 
     def _release(self, r: Req) -> None:
@@ -369,9 +353,8 @@ class Scheduler:
         else:
             r.recompute_len = r.kv_len
         self._release(r)
-        r.kv_len = 0
-        if not r.prompt_logprobs_sent and not swapped:
-            r.input_logprobs, r.input_top = [], []
+        if not swapped:
+            forget_prompt_logprobs(r)
         self.waiting.insert(0, r)
         self.counters["retractions"] += 1
         self.budget.on_retract()
@@ -385,20 +368,13 @@ class Scheduler:
         return self.mem.take_moves()
 
     def stats(self) -> dict[str, int | float]:
-        cache, alloc = self.mem.cache, self.mem.allocator
         prompt = self.counters["prompt_tokens"]
         return {
-            "num_pages": alloc.num_pages,
-            "free_pages": alloc.num_free,
-            "cached_pages": cache.total_pages,
-            "evictable_pages": cache.evictable_pages,
-            "used_pages": sum(len(r.owned_pages) for r in self.running),
-            "evicted_pages": cache.evicted_pages,
+            **self.mem.stats(),
             "running": len(self.running),
             "waiting": len(self.waiting),
             "cache_hit_rate": self.counters["cached_prompt_tokens"] / prompt if prompt else 0.0,
             "bytes_per_token": self.bytes_per_token,
             "tier_move_seconds": self.tier_move_seconds,
-            **(self.mem.tiers.stats() if self.mem.tiers is not None else {}),
             **self.counters,
         }
