@@ -11,7 +11,7 @@
     print(qa.run(question="Why is the sky blue?")["answer"])
 
 Modules: ir (expressions), primitives (gen/select/roles), executor (a state's
-thread), state / fork (the `s` object and its branches), function (run,
+thread), state (the `s` object and its fork branches), function (run,
 run_batch), backend/ (RuntimeEndpoint over HTTP, Runtime = local server),
 chat_template, scoring (select). It talks to the runtime over HTTP only and
 never imports torch.
@@ -22,10 +22,9 @@ from __future__ import annotations
 from .backend import Runtime, RuntimeEndpoint, set_default_backend
 from .chat_template import ChatTemplate
 from .errors import ProgramError, RuntimeEndpointError
-from .fork import ProgramStateGroup
 from .function import Function, function
 from .primitives import assistant, gen, select, system, user
-from .state import ProgramState
+from .state import ProgramState, ProgramStateGroup
 
 __all__ = [
     "function", "gen", "select", "system", "user", "assistant",

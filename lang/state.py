@@ -1,16 +1,14 @@
-"""ProgramState: the `s` a program writes to and reads from."""
+"""ProgramState: the `s` a program writes to and reads from; ProgramStateGroup: the
+branches of `s.fork(n)`, and joining them back."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from .executor import StreamExecutor
 from .ir import CachePrefix, RoleBegin, RoleEnd, Role, to_expr
-
-if TYPE_CHECKING:
-    from .fork import ProgramStateGroup
 
 
 class ProgramState:
@@ -60,8 +58,6 @@ class ProgramState:
         With n > 1 the text so far is first sent once as a prefill-only request, so the
         branches find it in the radix cache instead of all computing it at once.
         """
-        from .fork import ProgramStateGroup  # fork.py builds on this class
-
         if n > 1:
             self._executor.submit(CachePrefix())
         self.sync()
@@ -125,3 +121,61 @@ class ProgramState:
 
     def __repr__(self) -> str:
         return f"ProgramState({self.text()!r})"
+
+
+class ProgramStateGroup:
+    """n branch states. `forks += expr` appends to every branch (`lambda i: ...` or a list:
+    one each); `forks[i]` is a branch; `join()` brings the branches' results to the parent."""
+
+    def __init__(self, parent: ProgramState, branches: list[ProgramState], base_text: str,
+                 prefix_meta: dict[str, Any] | None) -> None:
+        self.parent, self.branches, self.base_text = parent, branches, base_text
+        # meta_info of the prefill-only request that cached the shared prefix (None if none was sent)
+        self.prefix_meta = prefix_meta
+
+    def __len__(self) -> int:
+        return len(self.branches)
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.branches[i]
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.branches)
+
+    def __iadd__(self, other: Any) -> ProgramStateGroup:
+        if isinstance(other, list):
+            if len(other) != len(self.branches):
+                raise ValueError(f"{len(other)} expressions for {len(self.branches)} branches")
+            parts: Callable[[int], Any] = other.__getitem__
+        elif callable(other):
+            parts = other
+        else:
+            parts = lambda i: other  # noqa: E731
+        for i, branch in enumerate(self.branches):
+            branch += parts(i)
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Wait for every branch, then bring back their results and end their threads.
+
+        "gather_variable": each variable a branch set becomes, on the parent, the list of every
+        branch's value (None where a branch did not set it); its meta_info likewise.
+        "concate_and_append": the parent's text gets each branch's new text, in branch order.
+        Raises the first branch error.
+        """
+        for branch in self.branches:
+            branch.sync()
+            if branch.error() is not None:
+                raise branch.error()
+        executors = [b.executor for b in self.branches]
+        if mode == "gather_variable":
+            names = list(dict.fromkeys(name for ex in executors for name in ex.written))
+            for name in names:
+                values = [ex.variables.get(name) for ex in executors]
+                self.parent.executor.set_var(name, values, [ex.meta.get(name) for ex in executors])
+        elif mode == "concate_and_append":
+            self.parent += "".join(ex.text[len(self.base_text):] for ex in executors)
+        else:
+            raise ValueError(f"unknown join mode {mode!r} (gather_variable | concate_and_append)")
+        for ex in executors:
+            ex.end()

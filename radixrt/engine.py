@@ -148,14 +148,14 @@ class Engine:
         """Server arguments and the scheduler's live counters (pool pages, queues, retractions)."""
         self._check_open()
         info: dict[str, Any] = dataclasses.asdict(self.server_args)
-        info.update(self._manager.control("stats").stats)
+        info.update(self._manager.stats())
         info["context_length"] = self._backend.worker.context_length
         return info
 
     def flush_cache(self) -> None:
         """Empty the prefix cache. Raises RuntimeError (saying why) while requests run."""
         self._check_open()
-        reply = self._manager.control("flush_cache")
+        reply = self._manager.flush_cache()
         if reply.error:
             raise RuntimeError(reply.error)
 

@@ -16,11 +16,14 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from radixrt.cli_args import add_server_args, server_args_from
 from radixrt.config import ServerArgs
-from radixrt.server.launcher import StartupError, check_checkpoint
+from radixrt.server.launcher import Backend, StartupError, check_checkpoint
+
+if TYPE_CHECKING:
+    from radixrt.server.http_common import ServerContext
 
 logger = logging.getLogger("radixrt.server")
 WATCHDOG_PERIOD_S = 0.1  # a dead child turns /health 503 (and fails its clients) this soon
@@ -40,59 +43,15 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run_server(args: ServerArgs) -> int:
-    import uvicorn
-
-    _Server = _uvicorn_server_class()
-    from radixrt.frontend.tokenizer_manager import TokenizerManager
-    from radixrt.server.http_limits import read_deadline_protocol
-    from radixrt.server.http_server import ServerContext, create_app
-    from radixrt.server.launcher import Backend
-    from radixrt.server.metrics import ServerMetrics
-
+    server_class = _uvicorn_server_class()  # imports the HTTP stack before any process starts
     sock = bind(args.host, args.port)
-    host, port = sock.getsockname()[:2]
     backend = Backend(args)
-    holder: dict[str, ServerContext] = {}
-    metrics = ServerMetrics(lambda: holder["ctx"].manager.control("stats").stats)
+    ctx = _server_context(args, backend)
+    server = server_class(ctx)
     try:
-        manager = TokenizerManager(args, backend.addrs, backend.worker, backend.check_alive, observer=metrics.observe)
-    except BaseException:
-        backend.shutdown(timeout=2.0)
-        raise
-    ctx = holder["ctx"] = ServerContext(args, manager, metrics, check_alive=backend.check_alive)
-    server = _Server(ctx, uvicorn.Config(
-        create_app(ctx), loop="uvloop", log_level=args.log_level, lifespan="on",
-        http=read_deadline_protocol(args.request_read_timeout), limit_concurrency=args.max_connections,
-        # the drain below fails what is still running at graceful_shutdown_timeout; this only backs it up
-        timeout_graceful_shutdown=args.graceful_shutdown_timeout + SHUTDOWN_MARGIN_S,
-    ))
-
-    async def watchdog() -> None:
-        while not server.should_exit:
-            why = backend.check_alive()
-            if why is not None:
-                ctx.dead = why
-                logger.error("a backend process died: %s; shutting down", why)
-                manager.backend_died(why)  # every waiting client gets its 503 now
-                server.should_exit = True
-                return
-            await asyncio.sleep(WATCHDOG_PERIOD_S)
-
-    async def serve() -> None:
-        task = asyncio.create_task(watchdog())
-        url = f"http://{host}:{port}"
-        server_ready = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not server_ready.done():
-            await asyncio.sleep(0.05)
-        if server.started:
-            print(f"radixrt server ready at {url} (model {args.model_name})", flush=True)
-        await server_ready
-        task.cancel()
-
-    try:
-        asyncio.run(serve())
+        asyncio.run(_serve(server, backend, sock))
     finally:
-        manager.close()
+        ctx.manager.close()
         backend.shutdown(timeout=5.0)
         with contextlib.suppress(OSError):
             sock.close()
@@ -102,11 +61,60 @@ def run_server(args: ServerArgs) -> int:
     return 0
 
 
+def _server_context(args: ServerArgs, backend: Backend) -> ServerContext:
+    """The TokenizerManager over the started backend, in the context the routes share; the
+    backend is stopped if the manager fails to start."""
+    from radixrt.frontend.tokenizer_manager import TokenizerManager
+    from radixrt.server.http_common import ServerContext
+    from radixrt.server.metrics import ServerMetrics
+
+    holder: dict[str, ServerContext] = {}
+    metrics = ServerMetrics(lambda: holder["ctx"].manager.stats())
+    try:
+        manager = TokenizerManager(args, backend.addrs, backend.worker, backend.check_alive, observer=metrics.observe)
+    except BaseException:
+        backend.shutdown(timeout=2.0)
+        raise
+    ctx = holder["ctx"] = ServerContext(args, manager, metrics, check_alive=backend.check_alive)
+    return ctx
+
+
+async def _serve(server: Any, backend: Backend, sock: socket.socket) -> None:
+    """Serve on `sock` until the server exits, watching the backend; say so once it is ready."""
+    host, port = sock.getsockname()[:2]
+    task = asyncio.create_task(_watchdog(server, backend))
+    url = f"http://{host}:{port}"
+    server_ready = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not server_ready.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        print(f"radixrt server ready at {url} (model {server.ctx.args.model_name})", flush=True)
+    await server_ready
+    task.cancel()
+
+
+async def _watchdog(server: Any, backend: Backend) -> None:
+    """When a backend process dies: fail every waiting client (503) and ask the server to exit."""
+    ctx = server.ctx
+    while not server.should_exit:
+        why = backend.check_alive()
+        if why is not None:
+            ctx.dead = why
+            logger.error("a backend process died: %s; shutting down", why)
+            ctx.manager.backend_died(why)  # every waiting client gets its 503 now
+            server.should_exit = True
+            return
+        await asyncio.sleep(WATCHDOG_PERIOD_S)
+
+
 def _uvicorn_server_class() -> type:
     import uvicorn
 
+    from radixrt.server.http_limits import read_deadline_protocol
+    from radixrt.server.http_server import create_app
+
     class Server(uvicorn.Server):
-        """uvicorn, with signals that only ask to exit and a shutdown that drains.
+        """uvicorn serving create_app(ctx), with signals that only ask to exit and a shutdown that drains.
 
         uvicorn re-raises SIGINT/SIGTERM after its shutdown, which would kill this process
         before it stops its children: here a signal only asks to exit. At shutdown, new
@@ -114,8 +122,14 @@ def _uvicorn_server_class() -> type:
         then get a 503 (an error event on a started stream) instead of a cancelled task.
         """
 
-        def __init__(self, ctx: Any, config: uvicorn.Config) -> None:
-            super().__init__(config)
+        def __init__(self, ctx: ServerContext) -> None:
+            args = ctx.args
+            super().__init__(uvicorn.Config(
+                create_app(ctx), loop="uvloop", log_level=args.log_level, lifespan="on",
+                http=read_deadline_protocol(args.request_read_timeout), limit_concurrency=args.max_connections,
+                # the drain below fails what is still running at graceful_shutdown_timeout; this only backs it up
+                timeout_graceful_shutdown=args.graceful_shutdown_timeout + SHUTDOWN_MARGIN_S,
+            ))
             self.ctx = ctx
 
         @contextlib.contextmanager
@@ -143,8 +157,6 @@ def _uvicorn_server_class() -> type:
 def run_worker_node(args: ServerArgs) -> int:
     """Node k > 0 of a multi-node server: only its tensor-parallel ranks, no HTTP. Runs until
     node 0 shuts them down (exit 0), a rank dies (exit 1), or SIGINT/SIGTERM (exit 0)."""
-    from radixrt.server.launcher import Backend
-
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,12 +1,15 @@
 """Everything that crosses a process boundary, as msgspec Structs.
 
-frontend --TokenizedRequest/AbortRequest--> scheduler --ForwardBatch--> worker
-frontend <--------TokenBatchOut---------- scheduler <--BatchResult---- worker
-Nothing else travels over zmq; no pickle.
+frontend --TokenizedRequest/AbortRequest--> scheduler --ForwardBatch/KVMoves--> worker
+frontend --GetStats/FlushCache-----------> scheduler
+frontend <--TokenBatchOut/ControlReply---- scheduler <--BatchResult------------ worker
+Nothing else travels over zmq; no pickle. Also here: the names of the disk tier's page
+files, which the scheduler checks and the worker writes.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Union
 
 import msgspec
@@ -34,14 +37,20 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-class ControlRequest(msgspec.Struct, tag=True):
-    """A question for the scheduler that gets a ControlReply: its counters, or a cache flush."""
+class GetStats(msgspec.Struct, tag=True):
+    """Ask for the scheduler's counters; answered by a ControlReply."""
 
     query_id: str
-    kind: str  # "stats" | "flush_cache"
 
 
-FrontendMsg = Union[TokenizedRequest, AbortRequest, ControlRequest, Shutdown]
+class FlushCache(msgspec.Struct, tag=True):
+    """Ask the scheduler to empty the prefix cache; answered by a ControlReply (error: why not)."""
+
+    query_id: str
+
+
+ControlQuery = Union[GetStats, FlushCache]
+FrontendMsg = Union[TokenizedRequest, AbortRequest, GetStats, FlushCache, Shutdown]
 
 # -- scheduler -> frontend ---------------------------------------------------
 
@@ -128,14 +137,22 @@ class ForwardBatch(msgspec.Struct, tag=True):
     copy_dst: list[int] = []
 
 
+class MoveKind(str, enum.Enum):
+    """What a KVMove copies, and from where to where. The value names the move in the
+    scheduler's counters (pages_d2h, ...), which are public metrics keys."""
+
+    D2H = "d2h"  # device pages src -> host pages dst
+    H2D = "h2d"  # host pages src -> device pages dst
+    H2DISK = "h2disk"  # host pages src -> the files of keys
+    D2DISK = "d2disk"  # device pages src -> the files of keys
+    DISK2D = "disk2d"  # the files of keys -> device pages dst
+    DROP = "drop"  # delete the files of keys
+
+
 class KVMove(msgspec.Struct, array_like=True):
-    """Copy whole KV pages between tiers; moves run in the order sent.
+    """Copy whole KV pages between tiers; moves run in the order sent."""
 
-    kind: d2h (device pages src -> host pages dst), h2d (host src -> device dst),
-    h2disk / d2disk (host or device src -> files keys), disk2d (files keys -> device dst),
-    drop (delete files keys)."""
-
-    kind: str
+    kind: MoveKind
     src: list[int] = []
     dst: list[int] = []
     keys: list[str] = []
@@ -148,6 +165,23 @@ class KVMoves(msgspec.Struct, tag=True):
 
 
 SchedulerToWorker = Union[ForwardBatch, KVMoves, Shutdown]
+
+# -- the disk tier's page files (the scheduler checks them, the worker writes them) --
+
+_DISK_PAGE_EXT = ".kv"
+DISK_PAGE_GLOB = f"*{_DISK_PAGE_EXT}"  # the page files of every rank
+
+
+def disk_page_name(key: str, rank: int = 0) -> str:
+    """The file of one page's KV on one tensor-parallel rank (each rank holds its own KV heads).
+    The scheduler looks only at rank 0's file: it stands for all ranks'."""
+    return f"{key}.r{rank}{_DISK_PAGE_EXT}"
+
+
+def disk_page_key(name: str, rank: int = 0) -> str:
+    """The page key of rank's page file name (the inverse of disk_page_name)."""
+    return name.removesuffix(disk_page_name("", rank))
+
 
 # -- worker -> scheduler -----------------------------------------------------
 

@@ -16,7 +16,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from radixrt.messages import BatchResult, EntryError, EntryLogprobs, ForwardBatch, KVMove, WorkerReady
+from radixrt.messages import (
+    BatchResult,
+    EntryError,
+    EntryLogprobs,
+    ForwardBatch,
+    KVMove,
+    MoveKind,
+    WorkerReady,
+    disk_page_name,
+)
 
 VOCAB = 50
 POISON = 17  # what a failed step writes into its KV slots
@@ -47,7 +56,7 @@ class FakeWorker:
         self.fails = fails
 
     def _file(self, key: str) -> Path:
-        return Path(self.ready.disk_dir) / f"{key}.r0.kv"
+        return Path(self.ready.disk_dir) / disk_page_name(key)
 
     def _page(self, page: int) -> list:
         return [self.slots.get(page * self.page_size + i) for i in range(self.page_size)]
@@ -59,21 +68,21 @@ class FakeWorker:
     def move(self, moves: list[KVMove]) -> None:
         """The tier moves, in order, on page contents (what the real worker does with bytes)."""
         for m in moves:
-            if m.kind == "d2h":
+            if m.kind is MoveKind.D2H:
                 for src, dst in zip(m.src, m.dst):
                     self.host[dst] = self._page(src)
-            elif m.kind == "h2d":
+            elif m.kind is MoveKind.H2D:
                 for src, dst in zip(m.src, m.dst):
                     self._fill(dst, self.host[src])
-            elif m.kind in ("h2disk", "d2disk"):
+            elif m.kind in (MoveKind.H2DISK, MoveKind.D2DISK):
                 for src, key in zip(m.src, m.keys):
-                    self.disk[key] = self.host[src] if m.kind == "h2disk" else self._page(src)
+                    self.disk[key] = self.host[src] if m.kind is MoveKind.H2DISK else self._page(src)
                     self._file(key).write_bytes(b"")  # the scheduler checks a page's file is there
-            elif m.kind == "disk2d":
+            elif m.kind is MoveKind.DISK2D:
                 for key, dst in zip(m.keys, m.dst):
                     self._fill(dst, self.disk[key])
             else:
-                assert m.kind == "drop", m.kind
+                assert m.kind is MoveKind.DROP, m.kind
                 for key in m.keys:
                     del self.disk[key]
                     self._file(key).unlink()

@@ -13,6 +13,7 @@ import radixrt
 import requests
 from helpers import assert_no_page_leak, corpus_ids
 from radixrt.cache.tier_index import TierIndex, page_keys
+from radixrt.messages import DISK_PAGE_GLOB, KVMove, MoveKind, disk_page_key, disk_page_name
 from radixrt.scheduler.kv_tiers import KVTiers
 from server_proc import running_server
 from workloads import cycling_documents
@@ -46,7 +47,8 @@ def test_tier_index_is_lru_with_reservations():
     assert idx.num_free == 1 and "c" not in idx and len(idx) == 1
 
 
-def kinds(moves):
+def kinds(moves: list[KVMove]) -> list[tuple]:
+    assert all(type(m.kind) is MoveKind for m in moves)  # a plain string would compare equal too
     return [(m.kind, m.src, m.dst, m.keys) for m in moves]
 
 
@@ -55,8 +57,11 @@ def execute(t: KVTiers, disk) -> list:
     moves = t.take_moves()
     for m in moves:
         for key in m.keys:
-            path = disk / f"{key}.r0.kv"
-            path.unlink() if m.kind == "drop" else path.write_bytes(b"x") if m.kind.endswith("2disk") else None
+            path = disk / disk_page_name(key)
+            if m.kind is MoveKind.DROP:
+                path.unlink()
+            elif m.kind in (MoveKind.H2DISK, MoveKind.D2DISK):
+                path.write_bytes(b"x")
     return kinds(moves)
 
 
@@ -66,27 +71,27 @@ def test_host_spills_to_disk_and_disk_drops_its_oldest(tmp_path):
     t.offload(["k3"], [12])  # host full: k1 spills to disk, its slot takes k3
     t.offload(["k4", "k5"], [13, 14])  # k2 then k3 spill; disk full at k3: k1 is dropped
     assert execute(t, tmp_path) == [
-        ("d2h", [10, 11], [0, 1], []),
-        ("h2disk", [0], [], ["k1"]),
-        ("d2h", [12], [0], []),
-        ("h2disk", [1], [], ["k2"]),
-        ("d2h", [13], [1], []),
-        ("drop", [], [], ["k1"]),
-        ("h2disk", [0], [], ["k3"]),
-        ("d2h", [14], [0], []),
+        (MoveKind.D2H, [10, 11], [0, 1], []),
+        (MoveKind.H2DISK, [0], [], ["k1"]),
+        (MoveKind.D2H, [12], [0], []),
+        (MoveKind.H2DISK, [1], [], ["k2"]),
+        (MoveKind.D2H, [13], [1], []),
+        (MoveKind.DROP, [], [], ["k1"]),
+        (MoveKind.H2DISK, [0], [], ["k3"]),
+        (MoveKind.D2H, [14], [0], []),
     ]
     assert t.hits(["k2", "k3", "k4", "k1"]) == 3
     t.load(["k2", "k5"], [20, 21])  # k2 from disk, k5 from host
-    assert kinds(t.take_moves()) == [("disk2d", [], [20], ["k2"]), ("h2d", [0], [21], [])]
+    assert kinds(t.take_moves()) == [(MoveKind.DISK2D, [], [20], ["k2"]), (MoveKind.H2D, [0], [21], [])]
     assert t.stats()["disk_hit_pages"] == 1 and t.stats()["host_hit_pages"] == 1
 
 
 def test_disk_pages_of_an_earlier_run_are_found_and_a_removed_file_is_recomputed(tmp_path):
     for key in ("old", "mid", "new"):
-        (tmp_path / f"{key}.r0.kv").write_bytes(b"x")
+        (tmp_path / disk_page_name(key)).write_bytes(b"x")
     t = KVTiers(host_pages=2, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=2)  # room for two: the oldest goes
-    assert kinds(t.take_moves()) == [("drop", [], [], ["old"])] and t.stats()["disk_cached_pages"] == 2
-    (tmp_path / "mid.r0.kv").unlink()  # removed behind the server's back
+    assert kinds(t.take_moves()) == [(MoveKind.DROP, [], [], ["old"])] and t.stats()["disk_cached_pages"] == 2
+    (tmp_path / disk_page_name("mid")).unlink()  # removed behind the server's back
     assert t.hits(["new", "mid"]) == 1 and t.hits(["mid"]) == 0 and t.stats()["disk_cached_pages"] == 1
     t.offload(["a", "b", "c"], [1, 2, 3])  # a spills to disk: its write is pending, it still counts
     assert t.hits(["a", "b", "c"]) == 3
@@ -102,8 +107,36 @@ def test_swap_reserves_host_slots_that_the_cache_cannot_take():
     assert t.swap_out([1, 2, 3]) is None  # only one slot is not reserved
     t.take_moves()
     t.swap_in(slots, [8, 9])
-    assert kinds(t.take_moves()) == [("h2d", slots, [8, 9], [])]
+    assert kinds(t.take_moves()) == [(MoveKind.H2D, slots, [8, 9], [])]
     assert t.stats()["host_swap_pages"] == 0
+
+
+def test_the_worker_store_runs_every_move_kind_on_whole_pages(tmp_path):
+    """Every MoveKind through the worker's KVTierStore on CPU (an int8 pool: values and scales)."""
+    import torch
+    from radixrt.kernels import PagedKVCache
+    from radixrt.worker.kv_tiers import KVTierStore
+
+    cache = PagedKVCache(2, 4, 2, 1, 4, torch.float32, torch.device("cpu"), "int8")
+    for b in cache.buffers:
+        b.copy_(torch.arange(b.numel()).reshape(b.shape) % 100)  # every page different
+    store = KVTierStore(cache, host_pages=2, disk_dir=tmp_path, disk_pages=4, rank=1)
+
+    def page(p: int) -> list[torch.Tensor]:
+        return [b[p].clone() for b in cache.buffers]
+
+    want0, want1 = page(0), page(1)
+    store.run([
+        KVMove(MoveKind.D2H, [0], [1]),
+        KVMove(MoveKind.H2DISK, [1], keys=["a"]),
+        KVMove(MoveKind.D2DISK, [1], keys=["b"]),
+        KVMove(MoveKind.DISK2D, [], [2, 3], ["a", "b"]),
+        KVMove(MoveKind.H2D, [1], [1]),
+        KVMove(MoveKind.DROP, keys=["a"]),
+    ])
+    for p, want in ((1, want0), (2, want0), (3, want1)):
+        assert all(torch.equal(x, y) for x, y in zip(page(p), want)), p
+    assert {f.name for f in tmp_path.iterdir()} == {disk_page_name("b", rank=1)}
 
 
 def test_the_disk_tier_is_keyed_by_the_weights_content_not_their_place(llama_path, tmp_path):
@@ -262,5 +295,6 @@ def test_tiers_with_tensor_parallel_ranks_and_an_int8_pool(llama_path, documents
         assert run_documents(e, documents[:4]) == want
         info = e.get_server_info()
     assert info["disk_hit_pages"] + info["host_hit_pages"] > 0, info
-    files = {f.name for f in tmp_path.glob("*/*.kv")}
-    assert files and all(f.replace(".r0.", ".r1.") in files for f in files if ".r0." in f)
+    files = {f.name for f in tmp_path.glob(f"*/{DISK_PAGE_GLOB}")}
+    rank0 = [disk_page_key(f.name) for f in tmp_path.glob(f"*/{disk_page_name('*')}")]
+    assert rank0 and all(disk_page_name(key, rank=1) in files for key in rank0)

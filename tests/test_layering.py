@@ -1,10 +1,11 @@
-"""The import direction of DESIGN.md, read from the source with ast."""
+"""The import direction of DESIGN.md, and no import cycles, read from the source with ast."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,13 +22,14 @@ ALLOWED = {
     # the package __init__: lazy exports of the Engine and the DSL (the only runtime file that names lang)
     "radixrt": {"radixrt.engine", "radixrt.config", "radixrt.lang"},
 }
+FOLDER_PACKAGES = {"kernels": "radixrt.kernels", "lang": "radixrt.lang"}  # folder -> the package it installs as
 COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.cli", "radixrt.launch_server"}
 L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc"}
 
 
 def package_of(path: Path) -> str:
     rel = path.relative_to(ROOT)
-    top = {"kernels": "radixrt.kernels", "lang": "radixrt.lang"}.get(rel.parts[0])
+    top = FOLDER_PACKAGES.get(rel.parts[0])
     if top:
         return top
     if len(rel.parts) == 2:
@@ -70,3 +72,116 @@ def test_import_radixrt_does_not_import_torch():
     code = "import sys, radixrt; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+# --- no import cycles, between any two of radixrt's modules ---
+#
+# The graph has one node per module (a package is its __init__) and an edge for each import
+# statement, wherever it is (a function-local import is still a dependency), except under
+# `if TYPE_CHECKING:`. `from P import n` is an edge to module P.n when n is a submodule, else
+# to P (the name lives in P's __init__). Importing P.m is an edge to P.m only, not to its parent
+# packages: Python runs P's __init__ first, but a package's __init__ re-exporting its own
+# submodules is the normal shape; a submodule that imports a name back from its package's
+# __init__ is an edge like any other, so that loop is reported.
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    parts[0] = FOLDER_PACKAGES.get(parts[0], parts[0])
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of the tree except those under `if TYPE_CHECKING:` (its else branch counts)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _known(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest prefix of a dotted name that is one of our modules."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in modules:
+            return ".".join(parts[:n])
+    return None
+
+
+def module_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of `modules` that module `name` (at `path`) imports at run time."""
+    package = name if path.stem == "__init__" else name.rpartition(".")[0]
+    targets = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets |= {_known(a.name, modules) for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            up = parts[: len(parts) - node.level + 1] if node.level else []  # level 1 is this package
+            source = ".".join(up + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                targets.add(sub if sub in modules else _known(source, modules))
+    return targets - {None, name}
+
+
+def import_graph(roots: list[Path], base: Path) -> dict[str, set[str]]:
+    modules = {module_name(p, base): p for root in roots for p in root.rglob("*.py")}
+    return {name: module_imports(name, path, modules) for name, path in modules.items()}
+
+
+def _cycle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """The shortest chain start -> ... -> start (breadth first), or None."""
+    parent: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for nxt in sorted(graph[node]):
+            if nxt == start:
+                chain = [node]
+                while chain[-1] != start:
+                    chain.append(parent[chain[-1]])
+                return chain[::-1] + [start]
+            if nxt not in parent:
+                parent[nxt] = node
+                queue.append(nxt)
+    return None
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One shortest cycle for each set of modules that import each other in a loop."""
+    cycles: dict[frozenset[str], list[str]] = {}
+    for start in sorted(graph):
+        chain = _cycle_through(graph, start)
+        if chain:
+            cycles.setdefault(frozenset(chain), chain)
+    return list(cycles.values())
+
+
+def test_no_import_cycles():
+    graph = import_graph([ROOT / d for d in ("radixrt", "kernels", "lang")], ROOT)
+    assert "radixrt.lang.state" in graph and "radixrt.kernels" in graph
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_cycle_checker_sees_function_local_imports_not_type_checking(tmp_path):
+    files = {
+        "__init__.py": "",
+        "a.py": "from . import b\n",
+        "b.py": "def f():\n    from pkg.a import g\n",  # function-local: still a cycle
+        "c.py": "from .d import X\n",
+        "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import Y\nX = 1\n",
+    }
+    (tmp_path / "pkg").mkdir()
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).write_text(text)
+    graph = import_graph([tmp_path / "pkg"], tmp_path)
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.d"] == set()
+    assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]

@@ -36,9 +36,11 @@ from radixrt.frontend.req_state import ReqState
 from radixrt.ipc import Receiver, Sender
 from radixrt.messages import (
     AbortRequest,
+    ControlQuery,
     ControlReply,
-    ControlRequest,
+    FlushCache,
     FrontendMsg,
+    GetStats,
     ReqOutput,
     SchedulerToFrontend,
     Shutdown,
@@ -251,19 +253,28 @@ class TokenizerManager:
         for s in states:
             s.fail(why, status_code)
 
-    def control(self, kind: str, timeout: float = 30.0) -> ControlReply:
-        """Ask the scheduler ("stats" or "flush_cache") and wait for its reply.
+    def stats(self, timeout: float = 30.0) -> dict[str, int | float]:
+        """The scheduler's live counters. Raises BackendDied when the backend is gone,
+        TimeoutError when it does not answer."""
+        return self._ask(GetStats, "stats", timeout).stats
+
+    def flush_cache(self, timeout: float = 30.0) -> ControlReply:
+        """Ask the scheduler to empty the prefix cache; the reply's error says why it did not.
         Raises BackendDied when the backend is gone, TimeoutError when it does not answer."""
+        return self._ask(FlushCache, "flush_cache", timeout)
+
+    def _ask(self, query: Callable[[str], ControlQuery], what: str, timeout: float) -> ControlReply:
+        """Send query(a fresh query id) and wait for the scheduler's reply (what: its name in the timeout error)."""
         if self.dead:
             raise BackendDied(self.dead)
         query_id, box = uuid.uuid4().hex, queue.SimpleQueue()
         with self._lock:
             self._control_waiters[query_id] = box
-            self._to_scheduler.send(ControlRequest(query_id, kind))
+            self._to_scheduler.send(query(query_id))
         try:
             reply = box.get(timeout=timeout)
         except queue.Empty:
-            raise TimeoutError(f"the scheduler did not answer {kind!r} within {timeout:.0f} s") from None
+            raise TimeoutError(f"the scheduler did not answer {what!r} within {timeout:.0f} s") from None
         finally:
             with self._lock:
                 self._control_waiters.pop(query_id, None)

@@ -20,10 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from radixrt.cache.tier_index import TierIndex
-from radixrt.messages import KVMove
-
-DISK_SUFFIX = ".r0.kv"  # rank 0's file of a page stands for all ranks'
-MOVE_KINDS = ("d2h", "h2d", "h2disk", "d2disk", "disk2d", "drop")
+from radixrt.messages import KVMove, MoveKind, disk_page_key, disk_page_name
 
 
 class KVTiers:
@@ -34,20 +31,20 @@ class KVTiers:
         self.disk_dir = Path(disk_dir) if disk_dir else None
         self.moves: list[KVMove] = []
         self._unwritten: set[str] = set()  # disk keys whose write is among the moves not yet taken
-        self.counters = {f"pages_{k}": 0 for k in MOVE_KINDS}
+        self.counters = {f"pages_{k.value}": 0 for k in MoveKind}
         self.counters.update(host_hit_pages=0, disk_hit_pages=0)
         if self.disk is not None:
             self._adopt_disk(Path(disk_dir))
 
     def _adopt_disk(self, d: Path) -> None:
         """Pages a previous run left on disk, oldest first; beyond capacity they are dropped."""
-        files = sorted(d.glob(f"*{DISK_SUFFIX}"), key=lambda f: f.stat().st_mtime)
+        files = sorted(d.glob(disk_page_name("*")), key=lambda f: f.stat().st_mtime)  # rank 0's stand for all
         for f in files:
-            key = f.name.removesuffix(DISK_SUFFIX)
+            key = disk_page_key(f.name)
             slot = self.disk.take_free()
             if slot is None:
                 old, slot = self.disk.pop_lru()
-                self._emit("drop", keys=[old])
+                self._emit(MoveKind.DROP, keys=[old])
             self.disk.put(key, slot)
         for tmp in d.glob("*.tmp*"):  # a write cut short by a crash
             tmp.unlink(missing_ok=True)
@@ -57,15 +54,15 @@ class KVTiers:
         self._unwritten.clear()
         return out
 
-    def _emit(self, kind: str, src: list[int] = (), dst: list[int] = (), keys: list[str] = ()) -> None:
+    def _emit(self, kind: MoveKind, src: list[int] = (), dst: list[int] = (), keys: list[str] = ()) -> None:
         last = self.moves[-1] if self.moves else None
-        if last is not None and last.kind == kind:
+        if last is not None and last.kind is kind:
             last.src += src
             last.dst += dst
             last.keys += keys
         else:
             self.moves.append(KVMove(kind, list(src), list(dst), list(keys)))
-        self.counters[f"pages_{kind}"] += max(len(src), len(keys))
+        self.counters[f"pages_{kind.value}"] += max(len(src), len(keys))
 
     # -- pages going down -----------------------------------------------------
 
@@ -81,17 +78,17 @@ class KVTiers:
             if slot is None:  # every host slot is reserved by a swapped request
                 return
             self.host.put(key, slot)
-            self._emit("d2h", [page], [slot])
+            self._emit(MoveKind.D2H, [page], [slot])
 
     def _host_slot(self) -> int | None:
         """A free host slot, spilling the least recently used cached page to disk if needed."""
         slot = self.host.take_free()
         if slot is None and len(self.host):
             key, slot = self.host.pop_lru()
-            self._to_disk(key, "h2disk", slot)
+            self._to_disk(key, MoveKind.H2DISK, slot)
         return slot
 
-    def _to_disk(self, key: str, kind: str, src: int) -> None:
+    def _to_disk(self, key: str, kind: MoveKind, src: int) -> None:
         if self.disk is None or self.disk.capacity == 0:
             return
         if key in self.disk:
@@ -100,7 +97,7 @@ class KVTiers:
         slot = self.disk.take_free()
         if slot is None:
             old, slot = self.disk.pop_lru()
-            self._emit("drop", keys=[old])
+            self._emit(MoveKind.DROP, keys=[old])
         self.disk.put(key, slot)
         self._unwritten.add(key)
         self._emit(kind, [src], keys=[key])
@@ -121,7 +118,7 @@ class KVTiers:
         removed behind our back leaves the index, and its tokens are recomputed."""
         if self.disk is None or key not in self.disk:
             return False
-        if key in self._unwritten or (self.disk_dir / f"{key}{DISK_SUFFIX}").exists():
+        if key in self._unwritten or (self.disk_dir / disk_page_name(key)).exists():
             return True
         self.disk.discard(key)
         return False
@@ -135,11 +132,11 @@ class KVTiers:
         """Copy keys' pages (all held: see hits) into device_pages."""
         for key, page in zip(keys, device_pages):
             if key in self.host:
-                self._emit("h2d", [self.host.get(key)], [page])
+                self._emit(MoveKind.H2D, [self.host.get(key)], [page])
                 self.counters["host_hit_pages"] += 1
             else:
                 self.disk.get(key)
-                self._emit("disk2d", [], [page], [key])
+                self._emit(MoveKind.DISK2D, [], [page], [key])
                 self.counters["disk_hit_pages"] += 1
 
     # -- preemption by swapping -------------------------------------------------
@@ -149,11 +146,11 @@ class KVTiers:
         if self.host.num_free + len(self.host) < len(device_pages):
             return None
         slots = [self._host_slot() for _ in device_pages]
-        self._emit("d2h", device_pages, slots)
+        self._emit(MoveKind.D2H, device_pages, slots)
         return slots
 
     def swap_in(self, slots: list[int], device_pages: list[int]) -> None:
-        self._emit("h2d", slots, device_pages)
+        self._emit(MoveKind.H2D, slots, device_pages)
         self.host.release(slots)
 
     def clear_host(self) -> None:
@@ -168,9 +165,9 @@ class KVTiers:
         if self.disk is None:
             return
         for key, page in device:
-            self._to_disk(key, "d2disk", page)
+            self._to_disk(key, MoveKind.D2DISK, page)
         for key in self.host.keys():
-            self._to_disk(key, "h2disk", self.host.get(key))
+            self._to_disk(key, MoveKind.H2DISK, self.host.get(key))
 
     def stats(self) -> dict[str, int]:
         return {

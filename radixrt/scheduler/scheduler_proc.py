@@ -14,8 +14,9 @@ from radixrt.messages import (
     BatchResult,
     KVMoves,
     ControlReply,
-    ControlRequest,
+    FlushCache,
     FrontendMsg,
+    GetStats,
     ReadyMsg,
     SchedulerReady,
     SchedulerToWorker,
@@ -67,8 +68,10 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
                 sched.add_request(msg)
             elif isinstance(msg, AbortRequest):
                 sched.abort(msg.rid)
-            elif isinstance(msg, ControlRequest):
-                error = sched.flush_cache() if msg.kind == "flush_cache" else None
+            elif isinstance(msg, GetStats):
+                outbox.send(ControlReply(msg.query_id, sched.stats()))
+            elif isinstance(msg, FlushCache):
+                error = sched.flush_cache()  # None, or why it could not (requests use the cache)
                 outbox.send(ControlReply(msg.query_id, sched.stats(), error))
             msg = receive(inbox, sched, timeout_ms=0)
         batch = sched.schedule()

@@ -1,1 +1,1 @@
-"""Composition roots: the process launcher (and, later, the HTTP server)."""
+"""Composition roots: the process launcher, the HTTP server (shared plumbing, native and OpenAI routes), metrics."""

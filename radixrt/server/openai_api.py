@@ -20,18 +20,9 @@ from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.req_state import ReqState
 from radixrt.sampling_params import SamplingParamsIn
-from radixrt.server.http_server import (
-    SSE_DONE,
-    ApiError,
-    ServerContext,
-    Submission,
-    body_schema,
-    error_body,
-    failure,
-    generate_input,
-    json_response,
-    read_typed,
-    sse,
+from radixrt.server.http_common import (
+    SSE_DONE, ApiError, ServerContext, Submission, body_schema, error_body, failure, generate_input, json_response,
+    read_typed, sse
 )
 from radixrt.server.schemas import ChatCompletionRequest, CompletionRequest, OpenAISampling
 

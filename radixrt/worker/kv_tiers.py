@@ -7,10 +7,11 @@ in that order, so a slot written by one move and read by a later one is always
 right. A page is copied whole: every tensor of the pool's `buffers` (K and V
 values, and int8's scales), so quantized pages stay quantized in every tier.
 
-Disk files are `<key>.r<rank>.kv` (each tensor-parallel rank holds its own KV
-heads) under a directory named by the fingerprint of the weights, dtypes, page
-size and tp size: a different model never reads them. Writes go to a temporary
-name and are renamed into place, so a crash never leaves a half page readable.
+Disk files are `<key>.r<rank>.kv` (radixrt.messages.disk_page_name: each
+tensor-parallel rank holds its own KV heads) under a directory named by the
+fingerprint of the weights, dtypes, page size and tp size: a different model
+never reads them. Writes go to a temporary name and are renamed into place, so
+a crash never leaves a half page readable.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from radixrt.config import ServerArgs
 from radixrt.kernels import PagedKVCache
-from radixrt.messages import KVMove
+from radixrt.messages import DISK_PAGE_GLOB, KVMove, MoveKind, disk_page_name
 from radixrt.worker.kv_pool import available_host_bytes
 
 DIGESTS_FILE = "weights-digests.json"  # in hicache_dir: file digests by path, size and mtime
@@ -92,7 +94,7 @@ def prepare_disk_dir(args: ServerArgs, dtype: torch.dtype, page_bytes: int) -> t
         probe.unlink()
     except OSError as e:
         raise ValueError(f"hicache_dir {args.hicache_dir!r} is not writable: {e.strerror or e}") from None
-    held = sum(f.stat().st_size for f in d.glob("*.kv"))
+    held = sum(f.stat().st_size for f in d.glob(DISK_PAGE_GLOB))
     size = args.hicache_disk_size * 2**30
     if size > shutil.disk_usage(d).free + held:
         raise ValueError(
@@ -115,9 +117,18 @@ class KVTierStore:
             torch.empty((host_pages, *b.shape[1:]), dtype=b.dtype, pin_memory=pin) for b in cache.buffers
         ]
         self.disk_dir = disk_dir
-        self.suffix = f".r{rank}.kv"
+        self.rank = rank
         self._page_bytes = [math.prod(b.shape[1:]) * b.element_size() for b in cache.buffers]
         self.seconds = 0.0  # spent moving since the last take_seconds()
+        self._handlers: dict[MoveKind, Callable[[KVMove], None]] = {
+            MoveKind.D2H: self._d2h,
+            MoveKind.H2D: self._h2d,
+            MoveKind.H2DISK: self._h2disk,
+            MoveKind.D2DISK: self._d2disk,
+            MoveKind.DISK2D: self._disk2d,
+            MoveKind.DROP: self._drop,
+        }
+        assert self._handlers.keys() == set(MoveKind), "every MoveKind needs a handler"
 
     def describe(self) -> dict[str, int | str]:
         """The tiers' sizes, for the scheduler (WorkerReady fields)."""
@@ -130,7 +141,7 @@ class KVTierStore:
     def run(self, moves: list[KVMove]) -> None:
         start = time.perf_counter()
         for m in moves:
-            getattr(self, f"_{m.kind}")(m)
+            self._handlers[m.kind](m)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.seconds += time.perf_counter() - start
@@ -167,7 +178,7 @@ class KVTierStore:
 
     def _path(self, key: str) -> Path:
         assert self.disk_dir is not None, "a disk move without a disk tier"
-        return self.disk_dir / f"{key}{self.suffix}"
+        return self.disk_dir / disk_page_name(key, self.rank)
 
     def _write_files(self, tensors: list[torch.Tensor], keys: list[str]) -> None:
         """tensors[i]: [len(keys), ...] pages of buffer i; one file per key."""
