@@ -13,8 +13,12 @@ from pathlib import Path
 from typing import Iterator
 
 import requests
+from helpers import assert_pool_idle, wait_idle
 
 ROOT = Path(__file__).resolve().parents[1]
+# The flags of the server the modules share (conftest.server): any test against it may rely on them.
+SERVER_PAGE_SIZE = 16
+SERVER_ARGS = ("--page-size", str(SERVER_PAGE_SIZE), "--max-total-tokens", "16384")
 
 
 def free_port() -> int:
@@ -83,14 +87,11 @@ def stop(proc: subprocess.Popen, timeout: float = 15) -> int:
     return proc.returncode
 
 
+def server_info(url: str) -> dict:
+    return requests.get(url + "/get_server_info", timeout=10).json()
+
+
 def assert_healthy_and_idle(url: str, timeout: float = 10) -> None:
     """/health is 200, nothing runs or waits, and every KV page is free or cached."""
     assert requests.get(url + "/health", timeout=5).status_code == 200
-    deadline = time.monotonic() + timeout
-    while True:
-        info = requests.get(url + "/get_server_info", timeout=10).json()
-        if (info["running"] == 0 and info["waiting"] == 0) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert info["running"] == 0 and info["waiting"] == 0, info
-    assert info["free_pages"] + info["cached_pages"] == info["num_pages"], info
+    assert_pool_idle(wait_idle(lambda: server_info(url), timeout))

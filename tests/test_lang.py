@@ -17,17 +17,11 @@ from radixrt.lang import ProgramError
 from radixrt.lang.backend.base import GenOutput, SelectOutput
 from radixrt.lang.chat_template import CHATML
 from radixrt.lang.scoring import choice_entries, mean_logprob
-from server_proc import running_server
+from server_proc import SERVER_PAGE_SIZE
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = 16
+PAGE = SERVER_PAGE_SIZE  # of `server` (conftest.py), the session's shared server
 CORPUS = (ROOT / "scripts" / "data" / "corpus.txt").read_text()
-
-
-@pytest.fixture(scope="module")
-def server(llama_path: Path) -> Iterator[str]:
-    with running_server(llama_path, "--page-size", str(PAGE), "--max-total-tokens", "16384") as (url, _):
-        yield url
 
 
 @pytest.fixture(scope="module")

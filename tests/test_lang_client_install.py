@@ -1,5 +1,5 @@
 """The DSL from a torch-free install: a fresh venv, `pip install <repo>` (the base install, no
-extras), a program run against a server started from the dev venv.
+extras), a program run against the session's shared server (started from the dev venv).
 
 The base install is the client (the DSL and its HTTP backend); the serving runtime's
 dependencies (torch, transformers, ...) come with the `srt` extra: `pip install radixrt[srt]`.
@@ -15,8 +15,6 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
-
-from server_proc import running_server
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a source install needs; copied so the build never writes build/ or *.egg-info into the repo.
@@ -84,7 +82,7 @@ def make_client_venv(root: Path, project: Path) -> Path:
     return python
 
 
-def test_base_install_runs_a_program_without_torch(tmp_path, llama_path):
+def test_base_install_runs_a_program_without_torch(tmp_path, server):
     heavy = sorted({requirement_name(d) for d in base_dependencies(ROOT / "pyproject.toml")} & SERVER_ONLY)
     # Checked first: with these in the base install, pip would fetch gigabytes and the rest must fail anyway.
     assert not heavy, f"the base install must be the torch-free client; move {heavy} to the [srt] extra"
@@ -93,9 +91,8 @@ def test_base_install_runs_a_program_without_torch(tmp_path, llama_path):
     probe = run([str(python), "-c", "import torch"], tmp_path, 60)
     assert probe.returncode != 0 and "No module named 'torch'" in probe.stderr
 
-    with running_server(llama_path, "--page-size", "16", "--max-total-tokens", "8192") as (url, _):
-        client = run([str(python), "-c", PROGRAM, url], tmp_path, 120)
-        reference = run([sys.executable, "-c", PROGRAM, url], tmp_path, 120)  # the dev venv, same server
+    client = run([str(python), "-c", PROGRAM, server], tmp_path, 120)
+    reference = run([sys.executable, "-c", PROGRAM, server], tmp_path, 120)  # the dev venv, same server
     assert client.returncode == 0, client.stderr
     assert reference.returncode == 0, reference.stderr
     got, want = json.loads(client.stdout.splitlines()[-1]), json.loads(reference.stdout.splitlines()[-1])

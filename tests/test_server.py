@@ -13,17 +13,14 @@ import time
 import pytest
 import radixrt
 import requests
-from helpers import all_gone, corpus_prompts
-from server_proc import assert_healthy_and_idle, child_pids, running_server, spawned_children
+from helpers import all_gone, corpus_prompts, wait_for
+from server_proc import SERVER_ARGS, assert_healthy_and_idle, child_pids, running_server, spawned_children
 
-ARGS = ("--page-size", "16", "--max-total-tokens", "16384")
+# `server` (conftest.py) is the session's shared server, started with SERVER_ARGS; the tests that
+# kill, signal or lock a server start their own with the same flags.
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def server(llama_path):
-    with running_server(llama_path, *ARGS) as (url, proc):
-        yield url
+ABORTS = 'radixrt:requests_total{finish_reason="abort"}'
+GENERATED = "radixrt:generation_tokens_total"
 
 
 def post(url: str, path: str, body, **kw) -> requests.Response:
@@ -37,6 +34,13 @@ def stream_events(resp: requests.Response) -> list:
             payload = line[6:]
             events.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
     return events
+
+
+def metrics(url: str) -> dict[str, float]:
+    """/metrics as {sample name with its labels: value}."""
+    text = requests.get(url + "/metrics", timeout=10).text
+    return {name: float(value) for name, value in (line.rsplit(" ", 1) for line in text.splitlines()
+                                                    if line and not line.startswith("#"))}
 
 
 def test_greedy_outputs_equal_the_engine(server, llama_path):
@@ -167,24 +171,30 @@ def test_openai_client(server):
 
 
 def test_a_client_that_disconnects_mid_stream_gives_its_pages_back(server):
+    assert_healthy_and_idle(server)  # earlier tests' requests are all counted
+    before = metrics(server)
     body = {"text": "Once upon a time", "stream": True, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
     with post(server, "/generate", body, stream=True) as r:
         lines = r.iter_lines()
         for _ in range(6):
             next(lines)
     assert_healthy_and_idle(server)
+    after = wait_for(lambda: metrics(server), lambda m: m.get(ABORTS, 0) > before.get(ABORTS, 0), timeout=5)
+    aborted = after.get(ABORTS, 0) - before.get(ABORTS, 0)
+    generated = after[GENERATED] - before[GENERATED]
+    # it was aborted, not finished: one more abort, and fewer tokens than the 3000 it asked for
+    assert aborted == 1 and 0 < generated < 3000, (aborted, generated)
 
 
 def test_metrics_flush_and_abort(server):
     post(server, "/generate", {"text": "count me", "sampling_params": {"max_new_tokens": 3}})
-    text = requests.get(server + "/metrics", timeout=10).text
+    samples = metrics(server)
     for name in ("radixrt:time_to_first_token_seconds_count", "radixrt:inter_token_latency_seconds_count",
                  "radixrt:e2e_request_latency_seconds_count", "radixrt:prompt_tokens_total", "radixrt:generation_tokens_total",
                  "radixrt:cached_tokens_total", "radixrt:cache_hit_rate", "radixrt:num_running_reqs",
                  "radixrt:num_queue_reqs", "radixrt:token_usage", "radixrt:evicted_pages_total", "radixrt:retractions_total"):
-        assert name in text, name
-    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
-    assert float(samples["radixrt:generation_tokens_total"]) > 0 and float(samples["radixrt:prompt_tokens_total"]) > 0
+        assert name in samples, name
+    assert samples[GENERATED] > 0 and samples["radixrt:prompt_tokens_total"] > 0
     assert post(server, "/flush_cache", {}).status_code == 200
     assert requests.get(server + "/get_server_info", timeout=10).json()["cached_pages"] == 0
     body = {"text": "abort me", "rid": "to-abort", "stream": True, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
@@ -200,7 +210,7 @@ def test_metrics_flush_and_abort(server):
 def test_a_dead_child_fails_its_requests_and_brings_the_server_down(llama_path):
     """SIGKILL of a backend process: /health turns 503 at once, waiting non-streaming chat
     requests get a 5xx (never a 200 with partial text), and the server exits non-zero."""
-    with running_server(llama_path, *ARGS) as (url, proc):
+    with running_server(llama_path, *SERVER_ARGS) as (url, proc):
         children = child_pids(proc.pid)
         chat = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 3000,
                 "ignore_eos": True}
@@ -231,7 +241,7 @@ def test_a_dead_child_fails_its_requests_and_brings_the_server_down(llama_path):
 def test_sigterm_under_32_streams_answers_every_client_and_exits_0(llama_path):
     """Streams that can finish within --graceful-shutdown-timeout do; the rest get an error
     event with the reason. No client is left without an answer, no traceback is logged."""
-    with running_server(llama_path, *ARGS, "--graceful-shutdown-timeout", "3") as (url, proc):
+    with running_server(llama_path, *SERVER_ARGS, "--graceful-shutdown-timeout", "3") as (url, proc):
         def stream(i: int) -> list:
             tokens = 6 if i % 2 else 3000  # half finish in time, half cannot
             body = {"text": f"stream {i}", "stream": True, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
@@ -260,7 +270,7 @@ def test_sigterm_under_32_streams_answers_every_client_and_exits_0(llama_path):
 
 def test_api_keys_and_sigterm_stops_every_process(llama_path):
     keys = ("--api-key", "sekrit", "--admin-api-key", "boss")
-    with running_server(llama_path, *ARGS, *keys) as (url, proc):
+    with running_server(llama_path, *SERVER_ARGS, *keys) as (url, proc):
         for open_path in ("/health", "/health_generate", "/metrics"):  # probes and scrapers need no key
             assert requests.get(url + open_path, timeout=30).status_code == 200, open_path
         r = post(url, "/generate", {"text": "hi"})
