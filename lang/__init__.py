@@ -10,11 +10,11 @@
     rt.set_default_backend(rt.RuntimeEndpoint("http://127.0.0.1:30000"))
     print(qa.run(question="Why is the sky blue?")["answer"])
 
-Modules: ir (expressions), primitives (gen/select/roles), executor (a state's
-thread), state (the `s` object and its fork branches), function (run,
-run_batch), backend/ (RuntimeEndpoint over HTTP, Runtime = local server),
-chat_template, scoring (select). It talks to the runtime over HTTP only and
-never imports torch.
+Modules: ir (expressions), primitives (gen/select/roles), constraints (what
+gen's regex/json_schema/choices/dtype become), executor (a state's thread),
+state (the `s` object and its fork branches), function (run, run_batch),
+backend/ (RuntimeEndpoint over HTTP, Runtime = local server), chat_template,
+scoring (select). It talks to the runtime over HTTP only and never imports torch.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from .constraints import at_most_one, check_regex, schema_text
+
 
 class Expr:
     """Base of every expression; supports concatenation with `+`."""
@@ -19,6 +21,9 @@ class Expr:
 
     def __radd__(self, other: Any) -> ExprList:
         return ExprList((to_expr(other), self))
+
+
+CONSTRAINT_FIELDS = ("regex", "json_schema")  # GenParams' output constraints
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,9 @@ class GenParams:
     presence_penalty: float | None = None
     ignore_eos: bool | None = None
     return_logprob: bool | None = None
-    regex: str | None = None  # passed through: a server without constrained decoding answers 400
+    # The output's constraint, at most one (constraints.py): passed through to the server.
+    regex: str | None = None
+    json_schema: str | None = None  # a JSON Schema as a JSON string (SGLang's form)
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -48,11 +55,20 @@ class GenParams:
             values["stop"] = (stop,)
         elif stop is not None:
             values["stop"] = tuple(stop)
+        at_most_one(regex=values.get("regex"), json_schema=values.get("json_schema"))
+        if values.get("regex") is not None:
+            check_regex(values["regex"])
+        if values.get("json_schema") is not None:
+            values["json_schema"] = schema_text(values["json_schema"])
         return cls(**values)
 
     def over(self, defaults: GenParams) -> GenParams:
-        """These settings, with the unset ones taken from `defaults`."""
-        return replace(defaults, **{f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None})
+        """These settings, with the unset ones taken from `defaults`. A constraint set here replaces
+        the default's of any kind (a run-wide regex and a gen's json_schema would be two)."""
+        mine = {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+        if any(name in mine for name in CONSTRAINT_FIELDS):
+            defaults = replace(defaults, **dict.fromkeys(CONSTRAINT_FIELDS))
+        return replace(defaults, **mine)
 
     def with_stop(self, extra: tuple[str, ...]) -> GenParams:
         stops = tuple(self.stop or ())

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Sequence
 
+from .constraints import at_most_one, dtype_rule
 from .ir import Expr, Gen, GenParams, Role, Select, to_expr
 
 
@@ -21,19 +21,30 @@ def gen(
     ignore_eos: bool | None = None,
     return_logprob: bool | None = None,
     regex: str | None = None,
-) -> Gen:
+    json_schema: dict[str, Any] | str | None = None,
+    choices: Sequence[str] | None = None,
+    dtype: type | str | None = None,
+) -> Gen | Select:
     """Generate text into variable `name`. Unset settings come from run()'s defaults.
 
     Inside an assistant role the chat template's end-of-turn string is added to `stop`.
-    `regex` is checked to compile here and then passed to the server unchanged.
+    At most one constraint on the output (ValueError otherwise), checked here and enforced by the server:
+    `regex` (must compile); `json_schema` (a dict, sent as json.dumps of it, or a JSON string, sent
+    unchanged); `dtype` (int, float, bool or str, or its name: a regex from constraints.py; int and
+    float also stop at a space or newline); `choices`: the same as `select(name, choices)`, which
+    scores the choices instead of sampling, so the sampling settings do not apply.
     """
-    if regex is not None:
-        re.compile(regex)  # a typo fails here, not as a confusing server error
+    at_most_one(regex=regex, json_schema=json_schema, choices=choices, dtype=dtype)
+    if choices is not None:
+        return select(name, choices)
+    rule = dtype_rule(dtype) if dtype is not None else None
     params = GenParams.build(
         max_new_tokens=max_tokens, stop=stop, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
-        return_logprob=return_logprob, regex=regex,
+        return_logprob=return_logprob, regex=rule.regex if rule else regex, json_schema=json_schema,
     )
+    if rule and rule.stop:
+        params = params.with_stop(rule.stop)
     return Gen(name, params)
 
 

@@ -54,6 +54,9 @@ class ServerArgs:
     max_running_requests: int = _arg(256, "maximum requests in the running batch")
     schedule_policy: str = _arg("lpm", "admission order: lpm (longest cached prefix first) or fcfs")
     disable_radix_cache: bool = _arg(False, "do not reuse KV across requests (every prompt is computed in full)")
+    constrained_json_disable_any_whitespace: bool = _arg(
+        False, "JSON-schema constraints allow no whitespace between tokens (compact JSON) instead of any"
+    )
     attention_backend: str | None = _arg(None, "attention kernel: flashinfer (default on CUDA) or torch (default on CPU)")
     tp_size: int = _arg(1, "tensor parallel ranks (worker processes; gloo on CPU, NCCL on CUDA)")
     nnodes: int = _arg(1, "nodes the tensor-parallel ranks span (tp_size / nnodes ranks per node)")

@@ -127,6 +127,9 @@ class BatchEntry(msgspec.Struct, array_like=True):
     sample: bool  # sample a next token after the last input row
     init: SlotInit | None = None
     logprobs: LogprobSpec | None = None
+    # a constrained request's allowed next tokens, packed (bit j of little-endian int32 word w:
+    # token 32 * w + j); empty: unconstrained. Applied before sampling.
+    allowed: bytes = b""
 
 
 class ForwardBatch(msgspec.Struct, tag=True):

@@ -25,7 +25,8 @@ Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 # Fields SGLang accepts that we cannot honour yet: a non-empty value is an error,
 # never a silently unconstrained answer.
-UNSUPPORTED_FIELDS = ("regex", "json_schema", "ebnf", "stop_regex", "structural_tag", "custom_params", "logit_bias")
+UNSUPPORTED_FIELDS = ("stop_regex", "structural_tag", "custom_params", "logit_bias")
+CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")  # a grammar the output must follow; at most one
 
 
 class SamplingParamsIn(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -79,6 +80,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     no_stop_trim: bool = False
     n: int = 1
     seed: int | None = None
+    regex: str | None = None
+    json_schema: str | None = None  # a JSON Schema, as a JSON string (SGLang's form)
+    ebnf: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | SamplingParamsIn | None) -> SamplingParams:
@@ -100,6 +104,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             if getattr(sp, key):  # an empty constraint (SGLang's client sends stop_regex=[]) asks for nothing
                 raise RequestError(f"sampling_params.{key} is not supported by this server yet", key)
         fields = {k: v for k, v in msgspec.structs.asdict(sp).items() if v is not None and k not in UNSUPPORTED_FIELDS}
+        for key in CONSTRAINT_FIELDS:
+            if fields.get(key) == "":  # an empty constraint asks for nothing, as above
+                del fields[key]
         fields.pop("stream_interval", None)
         for alias, name in (("max_tokens", "max_new_tokens"), ("sampling_seed", "seed")):
             if alias in fields:
@@ -136,6 +143,19 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require(0 < self.repetition_penalty <= 2, "repetition_penalty", "must be in (0, 2]", self.repetition_penalty)
         _require(self.n >= 1, "n", "must be >= 1", self.n)
         _require(all(s for s in self.stop), "stop", "must not contain empty strings", self.stop)
+        given = [k for k in CONSTRAINT_FIELDS if getattr(self, k)]
+        if len(given) > 1:
+            raise RequestError(f"sampling_params: give at most one of regex, json_schema and ebnf, got {' and '.join(given)}",
+                               given[0])
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """(kind, grammar text) of the request's output constraint, or None."""
+        for kind in CONSTRAINT_FIELDS:
+            text = getattr(self, kind)
+            if text:
+                return kind, text
+        return None
 
     @property
     def is_greedy(self) -> bool:

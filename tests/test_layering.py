@@ -16,8 +16,9 @@ ALLOWED = {
     "radixrt.cache": set(),
     "radixrt.models": L0 | {"radixrt.kernels"},
     "radixrt.worker": L0 | {"radixrt.kernels", "radixrt.models"},
-    "radixrt.scheduler": L0 | {"radixrt.cache"},
-    "radixrt.frontend": L0,
+    "radixrt.constrained": L0,
+    "radixrt.scheduler": L0 | {"radixrt.cache", "radixrt.constrained"},
+    "radixrt.frontend": L0 | {"radixrt.constrained"},
     "radixrt.lang": {"radixrt"},
     # the package __init__: lazy exports of the Engine and the DSL (the only runtime file that names lang)
     "radixrt": {"radixrt.engine", "radixrt.config", "radixrt.lang"},

@@ -27,8 +27,9 @@ def test_none_and_missing_fields_take_defaults():
         ({"temperature": "hot"}, "temperature"),
         ({"stop_token_ids": "a"}, "stop_token_ids"),
         ({"bogus_field": 1}, "bogus_field"),
-        ({"regex": "[a-z]+"}, "regex"),
-        ({"json_schema": "{}"}, "json_schema"),
+        ({"regex": "[a-z]+", "json_schema": "{}"}, "regex and json_schema"),  # at most one constraint
+        ({"json_schema": "{}", "ebnf": "root ::= [a]"}, "json_schema and ebnf"),
+        ({"stop_regex": "[a-z]+"}, "stop_regex"),
         ({"min_new_tokens": 9, "max_new_tokens": 2}, "min_new_tokens"),
     ],
 )

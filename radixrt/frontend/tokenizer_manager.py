@@ -29,6 +29,7 @@ import msgspec
 import zmq
 
 from radixrt.config import ServerArgs
+from radixrt.constrained.grammar import GrammarCompiler
 from radixrt.errors import RequestError
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
 from radixrt.frontend.generate_input import GenerateInput, GenerateItem
@@ -85,6 +86,9 @@ class TokenizerManager:
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
         self.context_length = worker.context_length
         self.vocab_size = worker.vocab_size
+        self._eos_ids = list(worker.eos_ids)
+        self._grammars: GrammarCompiler | None = None  # made on the first constrained request
+        self._grammar_lock = threading.Lock()
         self.max_token_bytes = max(len(t.encode("utf-8", "replace")) for t in self.tokenizer.get_vocab()) or 1
         self._check_alive = check_alive  # -> None, or why the backend is gone
         self._observer = observer  # sees every output before it is applied (metrics)
@@ -174,9 +178,18 @@ class TokenizerManager:
                                f"got {item.top_logprobs_num}", "top_logprobs_num")
         for s in item.sampling.stop:
             _check_unicode(s, "stop")
+        if item.sampling.constraint is not None:
+            self._grammar_compiler().compile(*item.sampling.constraint)  # a bad grammar is a 400 here
         for value, name in ((item.rid, "rid"), (item.cache_salt, "cache_salt")):
             if value is not None:
                 _check_unicode(value, name)
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        with self._grammar_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self._eos_ids,
+                                                 not self.args.constrained_json_disable_any_whitespace)
+            return self._grammars
 
     def submit(self, ids: list[int], sampling: SamplingParams, notify: Callable[[], None], *, rid: str | None = None,
                return_logprob: bool = False, logprob_start_len: int | None = None, top_logprobs_num: int = 0,

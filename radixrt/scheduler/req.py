@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixrt.constrained.grammar import Matcher
 from radixrt.messages import FinishReason, TokenizedRequest, TopLogprobs
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.kv_handle import KVHandle
@@ -22,6 +23,7 @@ class Req:
     cache_salt: str | None = None  # prefix-cache namespace
     output_ids: list[int] = field(default_factory=list)
     kv: KVHandle = field(default_factory=KVHandle)  # its pages (KVMemory writes, everyone else reads)
+    grammar: Matcher | None = None  # a constrained request's position in its grammar
     recompute_len: int = 0  # tokens of KV it had when retracted to recompute
     cached_tokens: int = -1  # prompt tokens reused from the prefix cache at first admission (-1: not yet)
     slot: int | None = None  # worker slot while running

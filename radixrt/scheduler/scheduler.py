@@ -39,7 +39,9 @@ from radixrt.scheduler.bad_input import (
     request_problem,
     rid_of,
 )
+from radixrt.errors import RequestError
 from radixrt.scheduler.budget import AdmissionBudget
+from radixrt.scheduler.grammars import GrammarWaitlist
 from radixrt.scheduler.kv_memory import KVMemory
 from radixrt.scheduler.kv_tiers import KVTiers
 from radixrt.scheduler.logprobs import (
@@ -54,6 +56,7 @@ from radixrt.scheduler.req import Req
 from radixrt.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
+GRAMMAR_POLL_MS = 5  # how often a scheduler with only compiling grammars looks for them
 
 
 class Outcome(enum.Enum):
@@ -88,6 +91,8 @@ class Scheduler:
         self.policy = SCHEDULE_POLICIES[args.schedule_policy]
         self.budget = AdmissionBudget(worker.page_size)
         self.waiting: list[Req] = []
+        self.grammars = GrammarWaitlist(tokenizer, worker.vocab_size, worker.eos_ids,
+                                        not args.constrained_json_disable_any_whitespace)
         self.running: list[Req] = []
         self.free_slots = list(range(args.max_running_requests - 1, -1, -1))
         self.freed_slots: list[int] = []  # to tell the worker with the next batch
@@ -102,7 +107,15 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and not self.grammars
+
+    @property
+    def poll_ms(self) -> int | None:
+        """How long the loop may block for new messages: forever when idle, not at all with work
+        to run, a little while only grammars are compiling."""
+        if self.waiting or self.running:
+            return 0
+        return GRAMMAR_POLL_MS if self.grammars else None
 
     # -- requests in and out --------------------------------------------------
 
@@ -113,7 +126,11 @@ class Scheduler:
             logger.error("refused request %s: %s", msg.rid, why)
             self.outbox.append(rejection(msg.rid, why, len(msg.input_ids)))
             return
-        self.waiting.append(Req.from_msg(msg))
+        r = Req.from_msg(msg)
+        if r.sampling.constraint is not None:
+            self.grammars.add(r)  # it joins the waiting queue once its matcher is ready
+        else:
+            self.waiting.append(r)
 
     def reject_undecodable(self, raw: bytes, error: Exception) -> None:
         """A frontend message that did not decode: if it names a string rid, answer that rid
@@ -135,12 +152,26 @@ class Scheduler:
             self._drop(r, FinishReason("abort", message="aborted by client"))
 
     def _held(self, rid: str) -> Req | None:
-        return next((r for r in self.waiting + self.running if r.rid == rid), None)
+        compiling = [r for r, _ in self.grammars.pending]
+        return next((r for r in self.waiting + self.running + compiling if r.rid == rid), None)
 
     def _drop(self, r: Req, reason: FinishReason) -> None:
         if r in self.waiting:
             self.waiting.remove(r)
+        self.grammars.remove(r)
         self._finish(r, reason)
+
+    def _take_compiled(self) -> None:
+        """Requests whose grammar is compiled join the waiting queue; a refused grammar ends its request."""
+        for r, matcher in self.grammars.take_ready():
+            if isinstance(matcher, RequestError):
+                self._finish(r, bad_request(matcher.message))
+            elif isinstance(matcher, BaseException):
+                logger.error("compiling the grammar of %s failed: %r", r.rid, matcher)
+                self._finish(r, internal_error(f"compiling the grammar failed: {type(matcher).__name__}: {matcher}"))
+            else:
+                r.grammar = matcher
+                self.waiting.append(r)
 
     def take_outputs(self) -> list[ReqOutput]:
         out, self.outbox = self.outbox, []
@@ -159,10 +190,11 @@ class Scheduler:
         """The next step's batch, or None when there is nothing to run."""
         entries: list[BatchEntry] = []
         self.inflight = []
-        while not entries and not self.idle:
+        self._take_compiled()
+        while not entries and (self.waiting or self.running):
             self._schedule_decodes(entries)
             self._schedule_prefills(entries)
-            if not entries and not self.idle:
+            if not entries and (self.waiting or self.running):
                 self._make_room()
         if not entries:
             return None
@@ -275,7 +307,9 @@ class Scheduler:
             penalty_ids = r.prompt_ids if r.sampling.repetition_penalty != 1 else []
             init = SlotInit(r.sampling, self.stop.stop_ids(r), penalty_ids, list(r.output_ids))
         self.inflight.append((r, n))
-        return BatchEntry(r.slot, r.tokens(start, start + n), start, new_pages, sample, init, logprob_spec(r, start, n))
+        allowed = r.grammar.allowed() if sample and r.grammar is not None else b""
+        return BatchEntry(r.slot, r.tokens(start, start + n), start, new_pages, sample, init, logprob_spec(r, start, n),
+                          allowed)
 
     # -- results ---------------------------------------------------------------
 
@@ -318,13 +352,22 @@ class Scheduler:
             r.output_ids.append(next_id)
             out.new_ids = [next_id]
             attach_output_logprobs(lp, out)
-            r.finish = self.stop.check(r)
+            if r.grammar is not None and not r.grammar.accept(next_id):
+                raise RuntimeError(f"sampled token {next_id}, which its grammar does not allow")
+            r.finish = self.stop.check(r) or self._grammar_finish(r)
         elif r.kv_len == r.seq_len:  # a prefill-only request (max_new_tokens 0) is done
             r.finish = FinishReason("length", length=0)
         if out.new_ids or out.input_logprobs is not None or r.finish is not None:
             out.finish = r.finish
             return out
         return None
+
+    @staticmethod
+    def _grammar_finish(r: Req) -> FinishReason | None:
+        """Nothing may follow in r's grammar: it stops there (matched: the stop token, if one ended it)."""
+        if r.grammar is None or not r.grammar.finished:
+            return None
+        return FinishReason("stop", matched=r.output_ids[-1] if r.grammar.terminated else None)
 
     # -- freeing ---------------------------------------------------------------
 
@@ -376,5 +419,6 @@ class Scheduler:
             "cache_hit_rate": self.counters["cached_prompt_tokens"] / prompt if prompt else 0.0,
             "bytes_per_token": self.bytes_per_token,
             "tier_move_seconds": self.tier_move_seconds,
+            "forward_steps": self.step_no,
             **self.counters,
         }

@@ -55,8 +55,8 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, worker: WorkerReady, paren
         startup_failed(ready, "scheduler", e)
     ready.send(SchedulerReady(max_total_tokens=worker.num_pages * worker.page_size))
     while True:
-        # Block only when there is nothing to run; otherwise take what has arrived.
-        msg = receive(inbox, sched, timeout_ms=None if sched.idle else 0)
+        # Block only when there is nothing to run (a little while when grammars compile); else take what has arrived.
+        msg = receive(inbox, sched, timeout_ms=sched.poll_ms)
         while msg is not None:
             if isinstance(msg, Shutdown):
                 persist = sched.mem.persist()  # the disk tier keeps what the cache holds, for the next run

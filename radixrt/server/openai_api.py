@@ -1,14 +1,16 @@
 """The OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions.
 
 Bodies decode into the typed structs of schemas.py; OpenAI names are mapped
-to SGLang's sampling fields and become the native GenerateRequest, so both
-APIs share one validation. Results take OpenAI's response and stream-chunk
-shapes; a request that failed in the backend is a 5xx (or an error event once
-a stream has started), never a 200 with partial text. Errors use OpenAI's body.
+to SGLang's sampling fields (response_format to the json_schema constraint)
+and become the native GenerateRequest, so both APIs share one validation.
+Results take OpenAI's response and stream-chunk shapes; a request that
+failed in the backend is a 5xx (or an error event once a stream has started),
+never a 200 with partial text. Errors use OpenAI's body.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, AsyncIterator, Callable
@@ -24,7 +26,7 @@ from radixrt.server.http_common import (
     SSE_DONE, ApiError, ServerContext, Submission, body_schema, error_body, failure, generate_input, json_response,
     read_typed, sse
 )
-from radixrt.server.schemas import ChatCompletionRequest, CompletionRequest, OpenAISampling
+from radixrt.server.schemas import RESPONSE_FORMAT_TYPES, ChatCompletionRequest, CompletionRequest, OpenAISampling
 
 # OpenAI request field -> sampling_params field, where the names differ
 RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
@@ -34,6 +36,7 @@ SAMPLING_FIELDS = (
     "regex", "json_schema", "ebnf",
 )
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat leaves it to the sampling default
+JSON_OBJECT_SCHEMA = '{"type": "object"}'  # response_format json_object: any JSON object, as in SGLang
 
 
 def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
@@ -62,8 +65,6 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         _check_common(body, ctx)
         if body.tools:
             raise ApiError(400, "tools are not supported by this server", param="tools")
-        if body.response_format is not None and body.response_format.type != "text":
-            raise ApiError(400, "response_format other than text is not supported by this server", param="response_format")
         if body.top_logprobs and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         ids = await ctx.manager.run_off_loop(_chat_ids, ctx, body)
@@ -85,8 +86,36 @@ def _check_common(body: OpenAISampling, ctx: ServerContext) -> None:
 
 def _sampling(body: OpenAISampling, overrides: dict[str, Any]) -> SamplingParamsIn:
     fields = {RENAMED.get(k, k): getattr(body, k) for k in SAMPLING_FIELDS}
+    schema = _response_format_schema(body)
+    if schema is not None:
+        fields["json_schema"] = schema
     fields.update(overrides)
     return SamplingParamsIn(**{k: v for k, v in fields.items() if v is not None})
+
+
+def _response_format_schema(body: OpenAISampling) -> str | None:
+    """The json_schema constraint (a JSON string) that response_format asks for; None for none or text.
+
+    As in SGLang, it replaces a json_schema field sent beside it, and beside regex or ebnf it is a 400
+    (two grammars). The schema itself is checked where every json_schema is: in the sampling params."""
+    rf = body.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        schema = JSON_OBJECT_SCHEMA
+    elif rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema is None:
+            raise ApiError(400, "response_format of type json_schema needs json_schema.schema, a JSON Schema object",
+                           param="response_format")
+        schema = json.dumps(rf.json_schema.schema)
+    else:
+        raise ApiError(400, f"response_format.type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, got {rf.type!r}",
+                       param="response_format")
+    for other in ("regex", "ebnf"):
+        if getattr(body, other):
+            raise ApiError(400, f"response_format {rf.type} and {other} are two constraints; give one",
+                           param="response_format")
+    return schema
 
 
 def _split_prompt(prompt: Any) -> tuple[Any, Any]:

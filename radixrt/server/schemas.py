@@ -24,6 +24,28 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
+    """response_format.json_schema: the JSON Schema the output must match (OpenAI's shape)."""
+
+    name: str
+    # Optional in the type only so that a missing schema gets openai_api's 400 naming response_format.
+    schema: Annotated[dict[str, Any] | None, msgspec.Meta(description="The JSON Schema (required).")] = None
+    description: str | None = None
+    # Accepted for OpenAI clients; the output is held to the schema either way.
+    strict: bool | None = None
+
+
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+
+
+class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
+    """text: unconstrained; json_object: any JSON object; json_schema: output matching json_schema.schema."""
+
+    # A plain str checked in openai_api (a 400 naming response_format and the type); the enum is for the docs.
+    type: Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(RESPONSE_FORMAT_TYPES)})]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Fields /v1/completions and /v1/chat/completions share (OpenAI's, then SGLang's extras)."""
 
@@ -41,6 +63,7 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     cache_salt: Salt | None = None
+    response_format: ResponseFormat | None = None
     # SGLang's extra sampling fields
     top_k: Int64 | None = None
     min_p: float | None = None
@@ -74,17 +97,11 @@ class ChatMessage(msgspec.Struct):
     name: str | None = None
 
 
-class ResponseFormat(msgspec.Struct):
-    type: str
-    json_schema: dict[str, Any] | None = None
-
-
 class ChatCompletionRequest(OpenAISampling, kw_only=True):
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
     max_completion_tokens: NonNegInt | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[str, dict[str, Any], None] = None
 

@@ -28,7 +28,7 @@ from radixrt.worker.cuda_graph import DecodeGraphRunner, capture_sizes
 from radixrt.worker.kv_pool import plan_num_pages
 from radixrt.worker.kv_tiers import KVTierStore, plan_host_pages, prepare_disk_dir
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
-from radixrt.worker.sampler import Sampler
+from radixrt.worker.sampler import Sampler, mask_disallowed
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -180,7 +180,11 @@ class ModelRunner:
         if not picks:
             return ids
         pos = [rows.entry_sample[i] for i in picks]
-        res = self.sampler.sample_isolated(logits[pos], [entries[i].slot for i in picks])  # logits[pos]: [S, vocab]
+        picked = logits[pos]  # [S, vocab], a copy: the logprobs read the raw logits
+        constrained = [k for k, i in enumerate(picks) if entries[i].allowed]
+        if constrained:
+            mask_disallowed(picked, constrained, [entries[picks[k]].allowed for k in constrained])
+        res = self.sampler.sample_isolated(picked, [entries[i].slot for i in picks])
         for i, t in zip(picks, res.ids):
             ids[i] = t
         for row, why in res.errors.items():

@@ -301,6 +301,21 @@ def _ban_stops(logits: torch.Tensor, states: list[_Slot]) -> torch.Tensor:
     return logits.index_put(index, torch.tensor(-math.inf, device=logits.device))
 
 
+def mask_disallowed(logits: torch.Tensor, rows: list[int], packed: list[bytes]) -> None:
+    """In place: logits [R, vocab] row rows[i] keeps only the tokens packed[i] allows (a
+    BatchEntry.allowed bitmask); the others become -inf. Ids past the mask's words are disallowed."""
+    vocab = logits.shape[1]
+    words = torch.frombuffer(bytearray(b"".join(packed)), dtype=torch.int32).view(len(packed), -1)  # [M, W]
+    words = words.to(logits.device)
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    bits = ((words.unsqueeze(-1) >> shifts) & 1).view(len(packed), -1)  # [M, W * 32], bit j of word w at 32w + j
+    allowed = torch.zeros(len(packed), vocab, dtype=torch.bool, device=logits.device)
+    n = min(vocab, bits.shape[1])
+    allowed[:, :n] = bits[:, :n].bool()
+    index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+
+
 def _row_seed(seed: int, position: int) -> int:
     """A 64-bit generator seed from (request seed, output position): splitmix64's finalizer."""
     x = (seed * 0x9E3779B97F4A7C15 + position) & MASK64

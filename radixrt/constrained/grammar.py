@@ -1,0 +1,137 @@
+"""Grammars for constrained decoding, on xgrammar: compiled by (kind, text) once, cached,
+and a per-request matcher that says which tokens may come next.
+
+The frontend compiles at the door to refuse a bad grammar with a 400 before anything
+runs; the scheduler compiles (from its own cache, off its loop) the grammar its
+matchers use. xgrammar is imported on first use: a server that never sees a
+constraint never loads it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from radixrt.errors import RequestError
+
+KINDS = ("regex", "json_schema", "ebnf")  # the sampling_params fields that carry a grammar
+CACHE_SIZE = 512  # compiled grammars kept, least recently used dropped first
+
+
+class GrammarCompiler:
+    """Compiles a (kind, text) grammar against one tokenizer and vocabulary; thread-safe.
+
+    vocab_size is the model's (its logits' width): ids past the tokenizer's own (padding)
+    are never allowed. stop_ids end a completed grammar (the model's eos ids)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int], any_whitespace: bool = True) -> None:
+        import numpy
+        import torch
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_ids))
+        # NOTE: xgrammar lets padding ids through where the grammar allows any text (they decode
+        # to nothing), so every mask is ANDed with the ids the tokenizer has.
+        n = min(len(tokenizer), vocab_size)
+        real = numpy.zeros(-(-vocab_size // 32), dtype=numpy.uint32)  # bit j of word w: id 32 * w + j
+        real[: n // 32] = 0xFFFFFFFF
+        if n % 32:
+            real[n // 32] = (1 << (n % 32)) - 1
+        self._real_words = torch.from_numpy(real.view(numpy.int32)).unsqueeze(0)  # [1, words], as xgrammar's bitmask
+        self._xgr = xgr
+        self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+        self.vocab_size = vocab_size
+        self.stop_ids = frozenset(stop_ids)
+        self.any_whitespace = any_whitespace
+        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def compile(self, kind: str, text: str) -> Any:
+        """The compiled grammar; raises RequestError (naming the field, with xgrammar's reason)."""
+        key = (kind, text)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        compiled = self._compile(kind, text)
+        with self._lock:
+            self._cache[key] = compiled
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, kind: str, text: str) -> Any:
+        try:
+            if kind == "regex":
+                return self._compiler.compile_regex(text)
+            if kind == "json_schema":
+                return self._compiler.compile_json_schema(text, any_whitespace=self.any_whitespace)
+            if kind == "ebnf":
+                return self._compiler.compile_grammar(text)
+        except (RuntimeError, ValueError) as e:
+            raise RequestError(f"sampling_params.{kind} is not a valid grammar: {_reason(e)}", kind) from None
+        raise ValueError(f"unknown grammar kind {kind!r}")
+
+    def matcher(self, compiled: Any) -> Matcher:
+        return Matcher(self._xgr, compiled, self._real_words, self.stop_ids)
+
+
+class Matcher:
+    """One request's position in its grammar: advanced by each token it accepts."""
+
+    def __init__(self, xgr: Any, compiled: Any, real_words: Any, stop_ids: frozenset[int]) -> None:
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self._bitmask = real_words.clone()  # [1, ceil(vocab / 32)] int32, xgrammar's layout
+        self._real_words = real_words  # the bits of the ids the tokenizer has
+        self._stop_ids = stop_ids
+        self._allowed: bytes | None = None  # the current position's mask, once computed
+
+    def accept(self, token: int) -> bool:
+        """Advance by token; False (and no change) if the grammar does not allow it."""
+        self._allowed = None
+        return bool(self._matcher.accept_token(token))
+
+    def allowed(self) -> bytes:
+        """The tokens allowed next, packed: bit j of little-endian int32 word w is token 32 * w + j."""
+        if self._allowed is None:
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+            self._bitmask &= self._real_words
+            self._allowed = self._bitmask.numpy().tobytes()
+        return self._allowed
+
+    @property
+    def terminated(self) -> bool:
+        """A stop token was accepted at the grammar's end."""
+        return self._matcher.is_terminated()
+
+    @property
+    def finished(self) -> bool:
+        """Nothing may follow: terminated, or the grammar is complete and allows only stop tokens."""
+        if self.terminated:
+            return True
+        if not self._matcher.is_completed():
+            return False
+        return set(allowed_ids(self.allowed())) <= self._stop_ids
+
+
+def allowed_ids(packed: bytes) -> list[int]:
+    """The token ids a packed mask (Matcher.allowed) lets through."""
+    out = []
+    for w in range(0, len(packed), 4):
+        word = int.from_bytes(packed[w : w + 4], "little")
+        while word:
+            low = word & -word
+            out.append(w * 8 + low.bit_length() - 1)
+            word ^= low
+    return out
+
+
+def _reason(e: Exception) -> str:
+    """xgrammar's message without its C++ source location prefix."""
+    text = str(e).strip()
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    if ".cc:" in text.split(" ", 1)[0]:
+        text = text.split(" ", 1)[1] if " " in text else text
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,49 @@
+"""GrammarWaitlist: requests whose output grammar is compiling, off the scheduler's loop.
+
+A constrained request waits here (not in the waiting queue) until a small thread pool has
+compiled its grammar (cached by kind and text) and made its matcher; then it joins the
+waiting queue like any other. The matcher is request state from then on: it stays with
+the request through retraction, swap-out and re-admission, since the output so far stays.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from radixrt.constrained.grammar import GrammarCompiler, Matcher
+from radixrt.scheduler.req import Req
+
+COMPILE_THREADS = 2
+
+
+class GrammarWaitlist:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int], any_whitespace: bool) -> None:
+        self._make = lambda: GrammarCompiler(tokenizer, vocab_size, stop_ids, any_whitespace)
+        self._compiler: GrammarCompiler | None = None  # made (and xgrammar loaded) on first use
+        self._pool: ThreadPoolExecutor | None = None
+        self.pending: list[tuple[Req, Future[Matcher]]] = []
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def add(self, r: Req) -> None:
+        """Start compiling r's grammar."""
+        if self._pool is None:
+            self._compiler = self._make()
+            self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="radixrt-grammar")
+        compiler = self._compiler
+        kind, text = r.sampling.constraint
+        self.pending.append((r, self._pool.submit(lambda: compiler.matcher(compiler.compile(kind, text)))))
+
+    def remove(self, r: Req) -> None:
+        """r leaves before its grammar is ready (aborted); the compile's result is dropped."""
+        self.pending = [(q, f) for q, f in self.pending if q is not r]
+
+    def take_ready(self) -> list[tuple[Req, Matcher | BaseException]]:
+        """The requests whose compile ended, with their matcher or its error (a RequestError:
+        the grammar is refused; anything else: a bug)."""
+        done = [(r, f) for r, f in self.pending if f.done()]
+        if done:
+            self.pending = [(r, f) for r, f in self.pending if not f.done()]
+        return [(r, f.exception() or f.result()) for r, f in done]
