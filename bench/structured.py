@@ -3,7 +3,10 @@
 64 requests, each asking for one object with 6 fields (name, age, city, email, active, score),
 greedy, on each model. Prints output tok/s, forward steps and how many outputs validate, for
   unconstrained: the same prompts and max_new_tokens, no grammar (random weights never write JSON);
-  masked:        sampling_params.json_schema (compact JSON), xgrammar's mask before sampling;
+  masked:        sampling_params.json_schema (compact JSON), xgrammar's mask before sampling,
+                 every token sampled (--disable-jump-forward);
+  jump_forward:  masked, and where the grammar allows one continuation its tokens are appended
+                 and run in the next step (the default);
 and the schema's compile time, cold and cached. Writes bench/results/structured.json and .png.
 
     .venv/bin/python bench/structured.py [--models tiny,DIR] [--num-requests 64]
@@ -80,10 +83,15 @@ def bench(path: Path, n: int) -> dict[str, Any]:
     import radixrt
 
     prompts = [f"Extract the record of person {i} as JSON: {i * 7 % 13} apples, {i % 5} trips." for i in range(n)]
-    with radixrt.Engine(model_path=str(path), page_size=16, max_total_tokens=n * 160 + 2048,
-                        constrained_json_disable_any_whitespace=True) as e:
-        e.generate(prompts[:2], {"max_new_tokens": 4, "json_schema": json.dumps(SCHEMA)})  # warm up, grammar cached
-        modes = {"unconstrained": run_mode(e, prompts, False), "masked": run_mode(e, prompts, True)}
+    args = dict(model_path=str(path), page_size=16, max_total_tokens=n * 160 + 2048, constrained_json_disable_any_whitespace=True)
+    modes = {}
+    for jumps in (False, True):
+        with radixrt.Engine(disable_jump_forward=not jumps, **args) as e:
+            e.generate(prompts[:2], {"max_new_tokens": 4, "json_schema": json.dumps(SCHEMA)})  # warm up, grammar cached
+            if jumps:
+                modes["jump_forward"] = run_mode(e, prompts, True)
+            else:
+                modes["unconstrained"], modes["masked"] = run_mode(e, prompts, False), run_mode(e, prompts, True)
     res = {"modes": modes, **compile_times(path)}
     base = modes["unconstrained"]["output_tok_s"]
     for name, m in modes.items():
@@ -101,11 +109,11 @@ def plot(models: dict[str, Any], out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     names = list(models)
-    modes = ["unconstrained", "masked"]
+    modes = ["unconstrained", "masked", "jump_forward"]
     for k, mode in enumerate(modes):
-        ax.bar([i + 0.35 * k for i in range(len(names))], [models[m]["modes"][mode]["output_tok_s"] for m in names],
-               width=0.35, label=mode)
-    ax.set_xticks([i + 0.175 for i in range(len(names))], names)
+        ax.bar([i + 0.27 * k for i in range(len(names))], [models[m]["modes"][mode]["output_tok_s"] for m in names],
+               width=0.27, label=mode)
+    ax.set_xticks([i + 0.27 for i in range(len(names))], names)
     ax.set_ylabel("output tok/s")
     ax.set_title("JSON-schema extraction, 64 requests")
     ax.legend()

@@ -54,6 +54,9 @@ class ServerArgs:
     max_running_requests: int = _arg(256, "maximum requests in the running batch")
     schedule_policy: str = _arg("lpm", "admission order: lpm (longest cached prefix first) or fcfs")
     disable_radix_cache: bool = _arg(False, "do not reuse KV across requests (every prompt is computed in full)")
+    disable_jump_forward: bool = _arg(
+        False, "sample every token of a constrained output, even where its grammar allows only one continuation"
+    )
     constrained_json_disable_any_whitespace: bool = _arg(
         False, "JSON-schema constraints allow no whitespace between tokens (compact JSON) instead of any"
     )

@@ -137,20 +137,43 @@ def test_n_samples_streaming_and_ebnf(server, llama_path):
         assert re.fullmatch(r"\([a-c0-9](,[a-c0-9])*\)", r["text"]), r["text"]
 
 
-def test_constraints_survive_retraction(llama_path):
+def test_constraints_survive_retraction_and_jump_forward_saves_steps(server, llama_path):
     """A pool a third of what the batch needs: requests are retracted and recomputed, and
     their matchers carry on from the output they keep. Constrained requests alternate with
-    unconstrained ones that run to max_new_tokens, so the pool runs short mid-decode."""
+    unconstrained ones that run to max_new_tokens, so the pool runs short mid-decode.
+    That server samples every token (--disable-jump-forward); the shared one jumps forward over
+    a schema's long fixed keys, and takes fewer forward steps for the same valid output."""
     prompts = corpus_prompts(llama_path, [120, 160, 200, 140, 180, 100, 150, 170, 130, 190], seed=5)
     long_array = json.dumps({"type": "array", "items": _INT, "minItems": 8, "maxItems": 8})  # ~25 tokens of output
     items = [{"json_schema": long_array, "max_new_tokens": 48, "temperature": 1, "seed": i} if i % 2 == 0
              else {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0} for i in range(len(prompts))]
     need = sum(len(p) + it["max_new_tokens"] for p, it in zip(prompts, items))
-    with running_server(llama_path, "--page-size", "4", "--max-total-tokens", str(need // 3),
-                        "--chunked-prefill-size", "256", "--constrained-json-disable-any-whitespace") as (url, _):
+    with running_server(llama_path, "--page-size", "4", "--max-total-tokens", str(need // 3), "--chunked-prefill-size",
+                        "256", "--constrained-json-disable-any-whitespace", "--disable-jump-forward") as (url, _):
         r = requests.post(url + "/generate", json={"input_ids": prompts, "sampling_params": items}, timeout=300)
         assert r.status_code == 200, r.text
         constrained = r.json()[::2]
         assert _check(llama_path, "json_schema", [long_array] * len(constrained), constrained) >= 0.8
         assert server_info(url)["retractions"] > 0
         assert_healthy_and_idle(url)
+        masked = _steps(url, LONG_KEYS)
+        assert server_info(url)["jump_forward_tokens"] == 0
+    jumped = _steps(server, LONG_KEYS)
+    for run in (jumped, masked):
+        assert run["finish"] == "stop", run
+        jsonschema.validate(json.loads(run["text"], strict=False), json.loads(LONG_KEYS))
+    assert server_info(server)["jump_forward_tokens"] > 0
+    assert jumped["steps"] < masked["steps"], (jumped, masked)
+
+
+LONG_KEYS = json.dumps(_obj({"customer_account_identifier": {"enum": [1, 2]}, "preferred_delivery_window": {"enum": [3, 4]},
+                             "loyalty_programme_membership": {"type": "boolean"}}))
+
+
+def _steps(url: str, schema: str) -> dict:
+    """One greedy request under schema, alone on the server: its output and the forward steps it took."""
+    before = server_info(url)["forward_steps"]
+    r = requests.post(url + "/generate", json={"text": "Record:", "sampling_params": {
+        "json_schema": schema, "max_new_tokens": 160, "temperature": 0}}, timeout=60).json()
+    return {"text": r["text"], "finish": r["meta_info"]["finish_reason"]["type"],
+            "steps": server_info(url)["forward_steps"] - before, "tokens": r["meta_info"]["completion_tokens"]}

@@ -100,6 +100,16 @@ class Matcher:
             self._allowed = self._bitmask.numpy().tobytes()
         return self._allowed
 
+    def rollback(self, n: int) -> None:
+        """Undo the last n accepted tokens."""
+        self._allowed = None
+        if n:
+            self._matcher.rollback(n)
+
+    def forced_text(self) -> str:
+        """The longest text the grammar allows as the only continuation from here ("" if none)."""
+        return self._matcher.find_jump_forward_string()
+
     @property
     def terminated(self) -> bool:
         """A stop token was accepted at the grammar's end."""

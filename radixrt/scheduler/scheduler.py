@@ -42,6 +42,7 @@ from radixrt.scheduler.bad_input import (
 from radixrt.errors import RequestError
 from radixrt.scheduler.budget import AdmissionBudget
 from radixrt.scheduler.grammars import GrammarWaitlist
+from radixrt.scheduler.jump_forward import can_jump, jump
 from radixrt.scheduler.kv_memory import KVMemory
 from radixrt.scheduler.kv_tiers import KVTiers
 from radixrt.scheduler.logprobs import (
@@ -89,6 +90,7 @@ class Scheduler:
         self.vocab_size = worker.vocab_size
         self.stop = StopChecker(tokenizer, worker.eos_ids, worker.context_length)
         self.policy = SCHEDULE_POLICIES[args.schedule_policy]
+        self.jump_forward = not args.disable_jump_forward
         self.budget = AdmissionBudget(worker.page_size)
         self.waiting: list[Req] = []
         self.grammars = GrammarWaitlist(tokenizer, worker.vocab_size, worker.eos_ids,
@@ -101,7 +103,8 @@ class Scheduler:
         self.step_no = 0
         self.admissions = 0
         self.counters = dict.fromkeys(
-            ("retractions", "prompt_tokens", "cached_prompt_tokens", "swaps_out", "swaps_in", "recomputed_tokens"), 0
+            ("retractions", "prompt_tokens", "cached_prompt_tokens", "swaps_out", "swaps_in", "recomputed_tokens",
+             "jump_forward_tokens"), 0
         )
         self.tier_move_seconds = 0.0
 
@@ -355,6 +358,12 @@ class Scheduler:
             if r.grammar is not None and not r.grammar.accept(next_id):
                 raise RuntimeError(f"sampled token {next_id}, which its grammar does not allow")
             r.finish = self.stop.check(r) or self._grammar_finish(r)
+            if r.finish is None and self.jump_forward and can_jump(r):
+                forced = jump(r, self.stop.tokenizer)  # run in the next step, like a prefill chunk
+                if forced:
+                    out.new_ids += forced
+                    self.counters["jump_forward_tokens"] += len(forced)
+                    r.finish = self.stop.check(r, len(forced) + 1) or self._grammar_finish(r)
         elif r.kv_len == r.seq_len:  # a prefill-only request (max_new_tokens 0) is done
             r.finish = FinishReason("length", length=0)
         if out.new_ids or out.input_logprobs is not None or r.finish is not None:

@@ -19,23 +19,25 @@ class StopChecker:
         eos = [] if r.sampling.ignore_eos else sorted(self.eos_ids)
         return eos + [i for i in r.sampling.stop_token_ids if i not in self.eos_ids]
 
-    def check(self, r: Req) -> FinishReason | None:
+    def check(self, r: Req, new: int = 1) -> FinishReason | None:
+        """After r gained `new` output tokens (1 sampled, or more forced by its grammar)."""
         sp, tok = r.sampling, r.output_ids[-1]
         if r.output_len >= sp.min_new_tokens:
             if (tok in self.eos_ids and not sp.ignore_eos) or tok in sp.stop_token_ids:
                 return FinishReason("stop", matched=tok)
             if sp.stop:
-                matched = self._stop_string(r)
+                matched = self._stop_string(r, new)
                 if matched is not None:
                     return FinishReason("stop", matched=matched)
         if r.output_len >= sp.max_new_tokens or r.seq_len >= self.context_length:
             return FinishReason("length", length=r.output_len)
         return None
 
-    def _stop_string(self, r: Req) -> str | None:
+    def _stop_string(self, r: Req, new: int) -> str | None:
         # A stop string of b bytes spans at most b tokens (every token is at
-        # least one byte), plus one for a token that straddles its start.
-        tail_len = max(len(s.encode()) for s in r.sampling.stop) + 1
+        # least one byte), plus one for a token that straddles its start; it may end
+        # in any of the new tokens.
+        tail_len = max(len(s.encode()) for s in r.sampling.stop) + new
         tail = self.tokenizer.decode(
             r.output_ids[-tail_len:],
             skip_special_tokens=r.sampling.skip_special_tokens,
