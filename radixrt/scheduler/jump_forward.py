@@ -19,11 +19,12 @@ RETOKENIZE_WINDOW = 8  # generated tokens retokenized with the forced text
 
 
 def can_jump(r: Req) -> bool:
-    """Forced tokens have no logprobs and the worker's sampling state does not see them: only
-    requests that need neither (and no stop ids, which a forced token might hide) jump."""
+    """Forced tokens have no logprobs and the worker's sampling state (penalty counts, the output
+    position a seeded draw is keyed by, min_new_tokens) does not see them: only requests that
+    need none of that (and have no stop ids, which a forced token might hide) jump."""
     sp = r.sampling
     return (r.grammar is not None and not r.return_logprob and not sp.has_penalties and sp.min_new_tokens == 0
-            and not sp.stop_token_ids)
+            and sp.seed is None and not sp.stop_token_ids)
 
 
 def jump(r: Req, tokenizer: Any) -> list[int]:
