@@ -7,12 +7,14 @@ rejects unknown names, so a typo is an error rather than a silent default.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
+TOOL_CALL_PARSERS = ("hermes", "qwen25", "llama3")  # radixrt/server/tool_calls.py
 
 
 def _arg(default: Any, help: str) -> Any:
@@ -54,6 +56,10 @@ class ServerArgs:
     max_running_requests: int = _arg(256, "maximum requests in the running batch")
     schedule_policy: str = _arg("lpm", "admission order: lpm (longest cached prefix first) or fcfs")
     disable_radix_cache: bool = _arg(False, "do not reuse KV across requests (every prompt is computed in full)")
+    chat_template: str | None = _arg(None, "a Jinja chat template file used instead of the tokenizer's own")
+    tool_call_parser: str | None = _arg(
+        None, "how /v1/chat/completions finds tool calls in the model's text: hermes, qwen25 or llama3"
+    )
     disable_jump_forward: bool = _arg(
         False, "sample every token of a constrained output, even where its grammar allows only one continuation"
     )
@@ -89,6 +95,10 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if not self.model_path:
             raise ValueError("model_path is required")
+        if self.chat_template is not None and not os.path.isfile(self.chat_template):
+            raise ValueError(f"chat_template {self.chat_template!r} is not a file")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.dtype not in DTYPES:

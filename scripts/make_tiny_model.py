@@ -38,9 +38,44 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [EOS_TOKEN, IM_START, IM_END]
 TOKENIZER_VOCAB_SIZE = 1024
 
+# ChatML, plus Hermes/Qwen2.5-style tool calling. Without `tools` (and without tool messages or
+# assistant `tool_calls`) it renders exactly as plain ChatML did. With a non-empty `tools` list,
+# one system turn comes first: the first message's content if it is a system message (that
+# message is then not repeated), else DEFAULT_SYSTEM_PROMPT, followed by the tool list (one
+# `tool | tojson` per line inside <tools></tools>) and how to call them. Assistant `tool_calls`
+# (OpenAI {"function": {...}} or flat {"name", "arguments"}; arguments a JSON string, rendered
+# as is, or an object, rendered with tojson) become <tool_call> blocks after the content (None
+# content renders as empty); each "tool" message becomes a user turn in <tool_response> tags.
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] or '' }}"
+    "{% else %}{{ '" + DEFAULT_SYSTEM_PROMPT + "' }}{% endif %}"
+    "{{ '\\n\\n# Tools\\n\\nYou can call one or more of the functions below to help with the request. "
+    "Their signatures are listed inside <tools></tools> XML tags:\\n<tools>' }}"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}"
+    "{{ '\\n</tools>\\n\\nTo call a function, reply with a JSON object holding its name and arguments, "
+    "wrapped in <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + (message['content'] or '') + '\\n</tool_response><|im_end|>\\n' }}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    "{% for tool_call in message['tool_calls'] %}"
+    "{% set call = tool_call['function'] if tool_call['function'] is defined else tool_call %}"
+    "{% if message['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_call>\\n{\"name\": ' }}{{ call['name'] | tojson }}{{ ', \"arguments\": ' }}"
+    "{% if call['arguments'] is string %}{{ call['arguments'] }}{% else %}{{ call['arguments'] | tojson }}{% endif %}"
+    "{{ '}\\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # The flags of the server the modules share (conftest.server): any test against it may rely on them.
 SERVER_PAGE_SIZE = 16
 # Compact JSON under a json_schema: free whitespace lets random weights pad JSON until max_new_tokens.
-SERVER_ARGS = ("--page-size", str(SERVER_PAGE_SIZE), "--max-total-tokens", "16384", "--constrained-json-disable-any-whitespace")
+SERVER_ARGS = ("--page-size", str(SERVER_PAGE_SIZE), "--max-total-tokens", "16384", "--constrained-json-disable-any-whitespace",
+               "--tool-call-parser", "qwen25")
 
 
 def free_port() -> int:

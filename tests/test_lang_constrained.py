@@ -192,6 +192,8 @@ def typed_record(s, i: int) -> None:
     s += f"Record {i}.\nLetters: " + rt.gen("letters", regex=LETTERS, max_tokens=8)
     s += "\nCount: " + rt.gen("count", dtype=int, max_tokens=8)
     s += "\nValid: " + rt.gen("valid", dtype=bool, max_tokens=8)
+    s += "\nRatio: " + rt.gen("ratio", dtype=float, max_tokens=8)
+    s += "\nWord: " + rt.gen("word", dtype=str, max_tokens=12)
     s += "\nJSON: " + rt.gen("obj", json_schema=SCHEMA, max_tokens=32)
     s += "\nColor: " + rt.gen("color", choices=COLORS)
     forks = s.fork(3)
@@ -208,7 +210,8 @@ def valid_json(text: str) -> bool:
     return True
 
 
-RULES = {"letters": LETTERS, "count": REGEX_INT, "valid": REGEX_BOOL, "guess": REGEX_INT, "tag": LETTERS}
+RULES = {"letters": LETTERS, "count": REGEX_INT, "valid": REGEX_BOOL, "ratio": REGEX_FLOAT, "word": REGEX_STR,
+         "guess": REGEX_INT, "tag": LETTERS}
 FORKED = ("guess", "tag")  # set in each of three branches: lists after the join
 FINITE = ("letters", "valid", "tag")  # three letters, True/False: they end by themselves well within 8 tokens
 

@@ -3,6 +3,9 @@
 Bodies decode into the typed structs of schemas.py; OpenAI names are mapped
 to SGLang's sampling fields (response_format to the json_schema constraint)
 and become the native GenerateRequest, so both APIs share one validation.
+Chat tools are rendered by the chat template; tool_choice required or a named
+function constrains the output to a call array, and auto parses calls out of
+the text with --tool-call-parser (tool_calls.py).
 Results take OpenAI's response and stream-chunk shapes; a request that
 failed in the backend is a 5xx (or an error event once a stream has started),
 never a 200 with partial text. Errors use OpenAI's body.
@@ -10,9 +13,11 @@ never a 200 with partial text. Errors use OpenAI's body.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -27,6 +32,9 @@ from radixrt.server.http_common import (
     read_typed, sse
 )
 from radixrt.server.schemas import RESPONSE_FORMAT_TYPES, ChatCompletionRequest, CompletionRequest, OpenAISampling
+from radixrt.server.tool_calls import (
+    TOOL_CALL_PARSERS, StreamingToolParser, ToolCall, calls_from_constrained, tool_choice_schema
+)
 
 # OpenAI request field -> sampling_params field, where the names differ
 RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
@@ -63,17 +71,23 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def chat(request: Request) -> Response:
         body: ChatCompletionRequest = await read_typed(ctx, request, ChatCompletionRequest)
         _check_common(body, ctx)
-        if body.tools:
-            raise ApiError(400, "tools are not supported by this server", param="tools")
         if body.top_logprobs and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        ids = await ctx.manager.run_off_loop(_chat_ids, ctx, body)
+        tools = ToolMode.of(body, ctx.args.tool_call_parser)
+        ids = await ctx.manager.run_off_loop(_chat_ids, ctx, body, tools.rendered)
         max_new = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        sampling = _sampling(body, {"max_new_tokens": max_new})
+        overrides: dict[str, Any] = {"max_new_tokens": max_new}
+        if tools.schema is not None:
+            if _response_format_schema(body) is not None:
+                raise ApiError(400, "tool_choice required or a named function constrains the output; "
+                               "it cannot take a response_format too", param="tool_choice")
+            overrides["json_schema"] = tools.schema
+        sampling = _sampling(body, overrides)
         req = GenerateRequest(input_ids=ids, sampling_params=sampling, return_logprob=body.logprobs,
                               top_logprobs_num=body.top_logprobs or 0, return_text_in_logprobs=True,
                               cache_salt=body.cache_salt)
-        return await _respond(ctx, request, body, req, _chat_choice, body.logprobs)
+        view = ToolChatView(tools) if tools.parses else _chat_choice
+        return await _respond(ctx, request, body, req, view, body.logprobs)
 
 
 def _check_common(body: OpenAISampling, ctx: ServerContext) -> None:
@@ -131,28 +145,111 @@ def _split_prompt(prompt: Any) -> tuple[Any, Any]:
                        "not a mix", "prompt")
 
 
-def _chat_ids(ctx: ServerContext, body: ChatCompletionRequest) -> list[int]:
+def _chat_ids(ctx: ServerContext, body: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> list[int]:
     flat = []
     for i, m in enumerate(body.messages):
-        if m.role not in ("system", "user", "assistant"):
-            raise RequestError(f"messages[{i}].role must be system, user or assistant, got {m.role!r}", "messages")
+        if m.role not in ("system", "user", "assistant", "tool"):
+            raise RequestError(f"messages[{i}].role must be system, user, assistant or tool, got {m.role!r}", "messages")
         content = m.content
         if isinstance(content, list):  # content parts: text only
             if any(p.type != "text" or p.text is None for p in content):
                 raise RequestError(f"messages[{i}].content: only text parts (with a text) are supported", "messages")
             content = "".join(p.text for p in content)
-        if content is None:
+        if content is None and not m.tool_calls:
             raise RequestError(f"messages[{i}].content is required", "messages")
-        flat.append({"role": m.role, "content": content})
+        message: dict[str, Any] = {"role": m.role, "content": content}
+        if m.tool_calls:
+            message["tool_calls"] = m.tool_calls
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        flat.append(message)
     tokenizer = ctx.manager.tokenizer
-    if not getattr(tokenizer, "chat_template", None):
+    template = _template_file(ctx.args.chat_template) if ctx.args.chat_template else None
+    if not template and not getattr(tokenizer, "chat_template", None):
         raise RequestError("this model has no chat template; use /v1/completions", "messages")
     try:
-        return list(tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=True, return_dict=False))
+        return list(tokenizer.apply_chat_template(flat, tools=tools, chat_template=template, add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False))
     except Exception as e:  # noqa: BLE001 - the template refusing these messages (jinja raise_exception)
         if type(e).__module__.startswith("jinja2"):
             raise RequestError(f"the chat template refused these messages: {e}", "messages") from None
         raise
+
+
+@functools.lru_cache(maxsize=2)
+def _template_file(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+@dataclass(frozen=True)
+class ToolMode:
+    """What a chat request's tools and tool_choice ask for."""
+
+    rendered: list[dict[str, Any]] | None  # tools shown to the model by the chat template
+    schema: str | None  # required / a named function: the json_schema of the call array the output must be
+    parser: str | None  # auto: the --tool-call-parser that finds calls in free text
+
+    @classmethod
+    def of(cls, body: ChatCompletionRequest, parser: str | None) -> ToolMode:
+        choice = body.tool_choice if body.tool_choice is not None else ("auto" if body.tools else "none")
+        # checks tools and tool_choice (a 400 naming them)
+        schema = tool_choice_schema(body.tools or [], choice, body.parallel_tool_calls)
+        if choice == "none" or not body.tools:
+            return cls(None, None, None)
+        return cls(body.tools, schema, parser if schema is None else None)
+
+    @property
+    def parses(self) -> bool:
+        return self.schema is not None or self.parser is not None
+
+
+class ToolChatView:
+    """Chat choices whose text holds tool calls: the constrained call array (required / named), or
+    calls the parser finds in free text (auto). Streams hold back what may be a call."""
+
+    def __init__(self, mode: ToolMode) -> None:
+        self.mode = mode
+        self._streams: dict[int, Any] = {}
+        self._calls_sent: dict[int, int] = {}
+
+    def __call__(self, tok: Any, state: ReqState, index: int, text: str, logprobs: tuple[int, int] | None,
+                 stream: bool) -> dict[str, Any]:
+        choice = _chat_choice(tok, state, index, text, logprobs, stream)
+        if stream:
+            content, calls = self._feed(index, text, state.done)
+        else:
+            content, calls = self._parse(text)
+        message = choice["delta" if stream else "message"]
+        message["content"] = content if content or stream else (None if calls else content)
+        if calls:
+            first = self._calls_sent.get(index, 0)
+            message["tool_calls"] = [
+                {**({"index": first + k} if stream else {}), "id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}} for k, c in enumerate(calls)]
+            self._calls_sent[index] = first + len(calls)
+        if self._calls_sent.get(index) and state.finish is not None and state.finish.type == "stop":
+            choice["finish_reason"] = "tool_calls"
+        return choice
+
+    def _parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        if self.mode.schema is not None:
+            try:
+                return "", calls_from_constrained(text)
+            except ValueError:  # cut short by max_tokens: not a whole call array
+                return text, []
+        return TOOL_CALL_PARSERS[self.mode.parser].parse(text)
+
+    def _feed(self, index: int, delta: str, done: bool) -> tuple[str, list[ToolCall]]:
+        if self.mode.schema is not None:  # the array is parsed whole, at the end
+            buffered = self._streams[index] = self._streams.get(index, "") + delta
+            return self._parse(buffered) if done else ("", [])
+        parser = self._streams.setdefault(index, StreamingToolParser(self.mode.parser))
+        content, calls = parser.feed(delta)
+        if done:
+            rest, more = parser.finish()
+            content, calls = content + rest, calls + more
+        return content, calls
 
 
 def _finish_reason(state: ReqState) -> str | None:
@@ -219,7 +316,7 @@ def _chat_choice(tok: Any, state: ReqState, index: int, text: str, logprobs: tup
 async def _respond(ctx: ServerContext, request: Request, body: OpenAISampling, req: GenerateRequest,
                    view: ChoiceView, logprobs: bool) -> Response:
     sub = await Submission.start(ctx, await generate_input(ctx, req))
-    chat = view is _chat_choice
+    chat = view is _chat_choice or isinstance(view, ToolChatView)
     meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": ctx.args.model_name}
     if body.stream:
@@ -238,7 +335,7 @@ async def _respond(ctx: ServerContext, request: Request, body: OpenAISampling, r
 async def _stream(sub: Submission, meta: dict[str, Any], view: ChoiceView, logprobs: bool,
                   include_usage: bool) -> AsyncIterator[bytes]:
     tok = sub.ctx.manager.tokenizer
-    chat = view is _chat_choice
+    chat = view is _chat_choice or isinstance(view, ToolChatView)
     obj = "chat.completion.chunk" if chat else "text_completion"
     n = len(sub.states)
     sent_text, sent_tokens, finished = [""] * n, [0] * n, [False] * n
@@ -258,7 +355,8 @@ async def _stream(sub: Submission, meta: dict[str, Any], view: ChoiceView, logpr
             if not delta and not (done and not finished[i]):
                 continue
             choice = view(tok, s, i, delta, (sent_tokens[i], end) if logprobs else None, True)
-            choice["finish_reason"] = _finish_reason(s) if done else None
+            if not done:  # the view read the state after `done` was: a finish it saw belongs to the next chunk
+                choice["finish_reason"] = None
             sent_text[i], sent_tokens[i], finished[i] = text, end, done
             yield sse({**meta, "object": obj, "choices": [choice]})
     else:

@@ -92,9 +92,11 @@ class ContentPart(msgspec.Struct):
 
 
 class ChatMessage(msgspec.Struct):
-    role: str
+    role: str  # system, user, assistant or tool
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class ChatCompletionRequest(OpenAISampling, kw_only=True):
@@ -104,6 +106,7 @@ class ChatCompletionRequest(OpenAISampling, kw_only=True):
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool = True  # false: at most one call
 
 
 class AbortBody(msgspec.Struct, forbid_unknown_fields=True):
