@@ -8,9 +8,16 @@ import json
 import pytest
 import torch
 from helpers import tokenizer
-from radixrt.constrained.grammar import GrammarCompiler, allowed_ids
+from radixrt.constrained.grammar import GrammarCompiler
 from radixrt.errors import RequestError
 from radixrt.worker.sampler import mask_disallowed
+
+
+def allowed_ids(packed: bytes) -> list[int]:
+    """The token ids a packed mask (Matcher.allowed) lets through."""
+    words = torch.frombuffer(bytearray(packed), dtype=torch.int32)
+    bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return bits.view(-1).nonzero().view(-1).tolist()
 
 
 @pytest.fixture(scope="module")

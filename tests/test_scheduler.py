@@ -357,7 +357,7 @@ def test_a_failed_prefill_chunk_frees_its_pages_and_others_in_the_batch_go_on():
 def test_a_stop_check_that_raises_fails_its_request_and_the_rest_finish():
     s, w = make(num_pages=64, page_size=4)
     check = s.stop.check
-    s.stop.check = lambda r: 1 / 0 if r.rid == "bad" and r.output_len == 2 else check(r)
+    s.stop.check = lambda r, new=1: 1 / 0 if r.rid == "bad" and r.output_len == 2 else check(r, new)
     outputs, finish = run(s, w, [req("bad", [1, 2, 3], 5), req("ok", [4, 5, 6], 5)])
     assert finish["bad"].type == "abort" and finish["bad"].status_code == 500
     assert "ZeroDivisionError" in finish["bad"].message

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Iterable
 
 from radixrt.errors import RequestError
 
@@ -26,23 +26,15 @@ class GrammarCompiler:
     are never allowed. stop_ids end a completed grammar (the model's eos ids)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int], any_whitespace: bool = True) -> None:
-        import numpy
-        import torch
         import xgrammar as xgr
 
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_ids))
         # NOTE: xgrammar lets padding ids through where the grammar allows any text (they decode
         # to nothing), so every mask is ANDed with the ids the tokenizer has.
-        n = min(len(tokenizer), vocab_size)
-        real = numpy.zeros(-(-vocab_size // 32), dtype=numpy.uint32)  # bit j of word w: id 32 * w + j
-        real[: n // 32] = 0xFFFFFFFF
-        if n % 32:
-            real[n // 32] = (1 << (n % 32)) - 1
-        self._real_words = torch.from_numpy(real.view(numpy.int32)).unsqueeze(0)  # [1, words], as xgrammar's bitmask
+        self._real_words = _words(range(min(len(tokenizer), vocab_size)), vocab_size)
+        self._stop_words = _words(stop_ids, vocab_size)
         self._xgr = xgr
         self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
-        self.vocab_size = vocab_size
-        self.stop_ids = frozenset(stop_ids)
         self.any_whitespace = any_whitespace
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -74,17 +66,17 @@ class GrammarCompiler:
         raise ValueError(f"unknown grammar kind {kind!r}")
 
     def matcher(self, compiled: Any) -> Matcher:
-        return Matcher(self._xgr, compiled, self._real_words, self.stop_ids)
+        return Matcher(self._xgr, compiled, self._real_words, self._stop_words)
 
 
 class Matcher:
     """One request's position in its grammar: advanced by each token it accepts."""
 
-    def __init__(self, xgr: Any, compiled: Any, real_words: Any, stop_ids: frozenset[int]) -> None:
+    def __init__(self, xgr: Any, compiled: Any, real_words: Any, stop_words: Any) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
         self._bitmask = real_words.clone()  # [1, ceil(vocab / 32)] int32, xgrammar's layout
         self._real_words = real_words  # the bits of the ids the tokenizer has
-        self._stop_ids = stop_ids
+        self._not_stop = ~stop_words  # the bits of every id but the stop ids
         self._allowed: bytes | None = None  # the current position's mask, once computed
 
     def accept(self, token: int) -> bool:
@@ -122,19 +114,20 @@ class Matcher:
             return True
         if not self._matcher.is_completed():
             return False
-        return set(allowed_ids(self.allowed())) <= self._stop_ids
+        self.allowed()
+        return not bool((self._bitmask & self._not_stop).any())
 
 
-def allowed_ids(packed: bytes) -> list[int]:
-    """The token ids a packed mask (Matcher.allowed) lets through."""
-    out = []
-    for w in range(0, len(packed), 4):
-        word = int.from_bytes(packed[w : w + 4], "little")
-        while word:
-            low = word & -word
-            out.append(w * 8 + low.bit_length() - 1)
-            word ^= low
-    return out
+def _words(ids: Iterable[int], vocab_size: int) -> Any:
+    """A packed mask of ids, in xgrammar's bitmask layout: [1, ceil(vocab / 32)] int32, bit j of
+    word w is id 32 * w + j."""
+    import numpy
+    import torch
+
+    ids = numpy.fromiter(ids, dtype=numpy.int64)
+    words = numpy.zeros(-(-vocab_size // 32), dtype=numpy.uint32)
+    numpy.bitwise_or.at(words, ids // 32, (numpy.uint32(1) << (ids % 32).astype(numpy.uint32)))
+    return torch.from_numpy(words.view(numpy.int32)).unsqueeze(0)
 
 
 def _reason(e: Exception) -> str:

@@ -3,10 +3,9 @@ key and its `": "`, say), append its tokens without sampling them one step at a 
 
 As SGLang does, the forced text is tokenized together with the output before it (its last
 few tokens: a merge reaches no further), so the tokens are the ones the tokenizer would give
-the whole text; the scheduler then runs them
-like a prefill chunk in the next step. Where retokenizing would change a token already
-generated (the forced text merges with the last one), nothing is forced this time: the
-tokens sent to the client stay as they were.
+the whole text; the scheduler then runs them like a prefill chunk in the next step. Where
+retokenizing would change a token already generated (the forced text merges with the last
+one), nothing is forced this time: the tokens sent to the client stay as they were.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixrt.config import ServerArgs
-from radixrt.errors import from_validation
+from radixrt.errors import RequestError, from_validation
 from radixrt.messages import (
     BatchEntry,
     BatchResult,
@@ -39,7 +39,6 @@ from radixrt.scheduler.bad_input import (
     request_problem,
     rid_of,
 )
-from radixrt.errors import RequestError
 from radixrt.scheduler.budget import AdmissionBudget
 from radixrt.scheduler.grammars import GrammarWaitlist
 from radixrt.scheduler.jump_forward import can_jump, jump
@@ -357,13 +356,13 @@ class Scheduler:
             attach_output_logprobs(lp, out)
             if r.grammar is not None and not r.grammar.accept(next_id):
                 raise RuntimeError(f"sampled token {next_id}, which its grammar does not allow")
-            r.finish = self.stop.check(r) or self._grammar_finish(r)
+            r.finish = self._finish_after(r, 1)
             if r.finish is None and self.jump_forward and can_jump(r):
                 forced = jump(r, self.stop.tokenizer)  # run in the next step, like a prefill chunk
                 if forced:
                     out.new_ids += forced
                     self.counters["jump_forward_tokens"] += len(forced)
-                    r.finish = self.stop.check(r, len(forced) + 1) or self._grammar_finish(r)
+                    r.finish = self._finish_after(r, len(forced) + 1)
         elif r.kv_len == r.seq_len:  # a prefill-only request (max_new_tokens 0) is done
             r.finish = FinishReason("length", length=0)
         if out.new_ids or out.input_logprobs is not None or r.finish is not None:
@@ -371,12 +370,13 @@ class Scheduler:
             return out
         return None
 
-    @staticmethod
-    def _grammar_finish(r: Req) -> FinishReason | None:
-        """Nothing may follow in r's grammar: it stops there (matched: the stop token, if one ended it)."""
-        if r.grammar is None or not r.grammar.finished:
-            return None
-        return FinishReason("stop", matched=r.output_ids[-1] if r.grammar.terminated else None)
+    def _finish_after(self, r: Req, new: int) -> FinishReason | None:
+        """r's finish after it gained `new` output tokens: a stop id or string, its length, or
+        its grammar with nothing left to follow (matched: the stop token, if one ended it)."""
+        finish = self.stop.check(r, new)
+        if finish is None and r.grammar is not None and r.grammar.finished:
+            finish = FinishReason("stop", matched=r.output_ids[-1] if r.grammar.terminated else None)
+        return finish
 
     # -- freeing ---------------------------------------------------------------
 

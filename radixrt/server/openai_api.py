@@ -210,7 +210,8 @@ class ToolChatView:
 
     def __init__(self, mode: ToolMode) -> None:
         self.mode = mode
-        self._streams: dict[int, Any] = {}
+        self._parsers: dict[int, StreamingToolParser] = {}  # auto: per choice
+        self._buffers: dict[int, str] = {}  # required / named: the call array so far, per choice
         self._calls_sent: dict[int, int] = {}
 
     def __call__(self, tok: Any, state: ReqState, index: int, text: str, logprobs: tuple[int, int] | None,
@@ -242,9 +243,9 @@ class ToolChatView:
 
     def _feed(self, index: int, delta: str, done: bool) -> tuple[str, list[ToolCall]]:
         if self.mode.schema is not None:  # the array is parsed whole, at the end
-            buffered = self._streams[index] = self._streams.get(index, "") + delta
+            buffered = self._buffers[index] = self._buffers.get(index, "") + delta
             return self._parse(buffered) if done else ("", [])
-        parser = self._streams.setdefault(index, StreamingToolParser(self.mode.parser))
+        parser = self._parsers.setdefault(index, StreamingToolParser(self.mode.parser))
         content, calls = parser.feed(delta)
         if done:
             rest, more = parser.finish()
