@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 from common import RESULTS, write_result
-from radixrt.kernels import AttentionMetadata, PagedKVCache
+from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache
 from radixrt.kernels.torch_backend import TorchBackend
 from radixrt.server.worker_env import find_tcmalloc, worker_env
 from radixrt.kernels.decode_attention import attend, group_queries
@@ -67,10 +67,10 @@ class Setup:
             buf[:num_pages] = torch.randn(buf[:num_pages].shape, generator=g).to(dtype)
         self.page_table = torch.randperm(num_pages, generator=g).view(c.batch, self.pages_per_req)
         self.q = torch.randn(c.batch, self.heads, c.head_dim, generator=g).to(dtype)
-        self.backend = TorchBackend(self.cache, self.heads, c.head_dim, c.head_dim**-0.5, native=False)
+        self.backend = TorchBackend(self.cache, self.heads, c.head_dim, [LayerAttention(c.head_dim**-0.5)], native=False)
         out_slots = self.page_table[:, (c.kv_len - 1) // c.page_size] * c.page_size + (c.kv_len - 1) % c.page_size
         self.backend.init_forward(AttentionMetadata([1] * c.batch, [c.kv_len] * c.batch, self.page_table, out_slots, c.page_size))
-        (self.plan,) = self.backend.decodes  # one length: one group
+        (self.plan,) = self.backend.layer_plans[0].decodes  # one length: one group
         self.scale = c.head_dim**-0.5
         self.kernel = load_native_decode()
         assert self.kernel is not None, "the compiled kernel did not build (see the log)"

@@ -4,7 +4,7 @@ Imports torch only (FlashInfer lazily, on CUDA). Backends come from a registry b
 name (`create_attention_backend`).
 """
 
-from radixrt.kernels.backend import AttentionBackend, AttentionMetadata
+from radixrt.kernels.backend import AttentionBackend, AttentionMetadata, LayerAttention
 from radixrt.kernels.kv_cache import PagedKVCache
 from radixrt.kernels.registry import ATTENTION_BACKENDS, create_attention_backend, default_attention_backend
 
@@ -12,6 +12,7 @@ __all__ = [
     "ATTENTION_BACKENDS",
     "AttentionBackend",
     "AttentionMetadata",
+    "LayerAttention",
     "PagedKVCache",
     "create_attention_backend",
     "default_attention_backend",

@@ -13,10 +13,53 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from radixrt.kernels.kv_cache import PagedKVCache
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """How one layer attends, as its model family's config says.
+
+    The score of query q against key k is `scale * (q . k)`; with `softcap`, it becomes
+    `softcap * tanh(score / softcap)` (scale first, then the cap: transformers' Gemma 2
+    order, and FlashInfer's `logits_soft_cap`); then the mask, then the softmax.
+
+    `window` is the sliding window as Hugging Face configs give it (`sliding_window`):
+    the query at position p sees KV positions p - window + 1 .. p, itself included, i.e.
+    transformers 5's `sliding_window_overlay` (masking_utils.py: `kv_idx > q_idx -
+    sliding_window`) ANDed with the causal mask. FlashInfer's `window_left` is window - 1.
+    The window only narrows what a query reads: every page still holds the full KV.
+    """
+
+    scale: float  # multiplies q . k (head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5)
+    window: int | None = None  # sliding window: a query sees the last `window` positions, itself included
+    softcap: float | None = None  # scores become softcap * tanh(scores / softcap) before the softmax
+
+    def __post_init__(self) -> None:
+        if not self.scale > 0:
+            raise ValueError(f"LayerAttention.scale must be > 0, got {self.scale}")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"LayerAttention.window must be >= 1 (or None: no window), got {self.window}")
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"LayerAttention.softcap must be > 0 (or None: no cap), got {self.softcap}")
+
+    def sees_all(self, kv_len: int) -> bool:
+        """Whether a query at the end of a kv_len-token sequence reads all of it (no window cuts it)."""
+        return self.window is None or kv_len <= self.window
+
+
+def layer_kinds(layers: Sequence[LayerAttention]) -> tuple[list[LayerAttention], list[int]]:
+    """The distinct LayerAttentions in first-seen order, and each layer's index into them:
+    backends plan once per kind (usually two: sliding and full), not once per layer."""
+    kinds: list[LayerAttention] = []
+    for la in layers:
+        if la not in kinds:
+            kinds.append(la)
+    return kinds, [kinds.index(la) for la in layers]
 
 
 @dataclass
@@ -37,11 +80,15 @@ class AttentionMetadata:
 class AttentionBackend(ABC):
     """Attention over a PagedKVCache. Not thread-safe; one per worker."""
 
-    def __init__(self, cache: PagedKVCache, num_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(self, cache: PagedKVCache, num_heads: int, head_dim: int, layers: Sequence[LayerAttention]) -> None:
         self.cache = cache
         self.num_heads = num_heads
         self.head_dim = head_dim
-        self.scale = scale
+        if not isinstance(layers, Sequence) or not layers or not all(isinstance(la, LayerAttention) for la in layers):
+            raise TypeError(f"layers must be a non-empty sequence of LayerAttention (one per model layer), got {layers!r:.200}")
+        if len(layers) != len(cache.k):
+            raise ValueError(f"{len(layers)} LayerAttentions for a KV cache of {len(cache.k)} layers: give one per layer")
+        self.layers = tuple(layers)  # one per model layer
 
     @abstractmethod
     def init_forward(self, meta: AttentionMetadata) -> None:

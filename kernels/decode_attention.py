@@ -1,7 +1,8 @@
 """Decode attention on CPU: one query token per request over its gathered KV, in float32.
 
-The torch path where the compiled kernel (native_decode.py) cannot build, and
-the shared-prefix half of cascade decoding. Grouped matmuls, not
+The torch path where the compiled kernel (native_decode.py) cannot build, the
+shared-prefix half of cascade decoding, and the explicit scores a soft-capped
+layer's prefill needs (torch_backend.capped_prefill). Grouped matmuls, not
 scaled_dot_product_attention: with one query row and bf16 K/V, SDPA's CPU
 kernels are 2.6-6x slower than two batched matmuls and a softmax over the same
 data; in fp32 they are even (bench/attention_cpu.py measures both over batch,
@@ -29,17 +30,27 @@ def group_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    scale: float,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of q over one block of KV.
 
     q: [B, kv_heads, group, head_dim] float32; k, v: [B, kv_heads, T, head_dim] float32;
     bias: [B, 1, 1, T] float32, 0 at real positions and -inf at padding, or None (all real).
-    Every row needs at least one real position. Padding K/V must be finite (the pool's
-    zeroed pad slot): a masked position still multiplies its V by 0.
+    (Leading dims only need to broadcast, and bias to [..., group, T]: the explicit prefill
+    path passes q [kv_heads, group, q_len, D], k, v [kv_heads, 1, T, D], bias [q_len, T].)
+    Scores are scale * q . k, then softcap * tanh(score / softcap) when softcap is set, then
+    the bias. Every row needs at least one real position. Padding K/V must be finite (the
+    pool's zeroed pad slot): a masked position still multiplies its V by 0.
     -> out [B, kv_heads, group, head_dim] float32, lse [B, kv_heads, group] float32
     """
     s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # [B, kv_heads, group, T]
+    if softcap is not None:
+        s.div_(softcap).tanh_().mul_(softcap)
     if bias is not None:
         s.add_(bias)
     lse = torch.logsumexp(s, -1)

@@ -84,7 +84,8 @@ class NativeDecode:
         self._fn = ctypes.CDLL(str(lib)).radixrt_decode_attention
         self._fn.restype = ctypes.c_int
         p, i = ctypes.c_void_p, ctypes.c_int
-        self._fn.argtypes = [p, p, p, i, p, ctypes.c_int64, p, i, i, i, i, i, ctypes.c_float, p, p]
+        f, i64 = ctypes.c_float, ctypes.c_int64
+        self._fn.argtypes = [p, p, p, i, p, i64, p, i, i, i, i, i, f, i64, f, p, p]
 
     def __call__(
         self,
@@ -95,10 +96,14 @@ class NativeDecode:
         kv_lens: torch.Tensor,
         scale: float,
         want_lse: bool = False,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q: [B, heads, D] float32; k_pool, v_pool: [pages, page_size, kv_heads, D] float32 or bf16;
         pages: [B, P] int64 page ids from each request's first; kv_lens: [B] int64 (>= 1)
-        -> out [B, heads, D] float32, and lse [B, heads] float32 when want_lse (else None)."""
+        -> out [B, heads, D] float32, and lse [B, heads] float32 when want_lse (else None).
+        window: each request reads only its last `window` tokens; softcap: scores capped by
+        softcap * tanh(score / softcap) (see LayerAttention)."""
         B, H, D = q.shape
         _, page_size, kv_heads, _ = k_pool.shape
         for t in (q, k_pool, v_pool, pages, kv_lens):
@@ -108,8 +113,8 @@ class NativeDecode:
         lse = torch.empty(B, H, dtype=torch.float32) if want_lse else None
         err = self._fn(
             q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), KINDS[k_pool.dtype], pages.data_ptr(),
-            pages.shape[1], kv_lens.data_ptr(), B, H, kv_heads, D, page_size, scale, out.data_ptr(),
-            lse.data_ptr() if lse is not None else None,
+            pages.shape[1], kv_lens.data_ptr(), B, H, kv_heads, D, page_size, scale, window or 0, softcap or 0.0,
+            out.data_ptr(), lse.data_ptr() if lse is not None else None,
         )
         if err:
             raise RuntimeError(f"decode attention kernel failed with code {err}")

@@ -20,6 +20,20 @@ quantized-then-dequantized K/V (as FlashInfer, which always reads the pool).
 Exactness matters more than speed here: it is the reference the fast kernels
 are held to.
 
+Per layer (LayerAttention): its own scale; tanh soft-capping of the scores
+(sdpa has none, so a softcapped layer's prefill takes the explicit float32
+scores path, `capped_prefill`; its decodes cap inside the kernel or `attend`);
+and a sliding window, which only narrows what each query reads (pages keep the
+full KV): decodes read the last `window` tokens, prefill chunks get a
+bottom-right causal mask cut to the window and skip the prefix no query of the
+chunk sees, and a decode whose window does not cover its whole sequence leaves
+cascade groups (it could not read the shared prefix whole). The plan depends
+on the window only, so `init_forward` plans once per distinct window that cuts
+some request of the step (a window no sequence of the step outgrows plans as
+no window: Gemma's sliding and full layers share one plan until a sequence
+outgrows the window, then take two), and layers share those plans; a layer
+without window or cap runs exactly as before.
+
 NOTE: scaled_dot_product_attention(is_causal=True) aligns the causal mask
 top-left, which is only right when a request has no cached prefix. With a
 prefix (radix hit, or a later prefill chunk) the mask must be aligned
@@ -31,11 +45,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from radixrt.kernels.backend import AttentionBackend, AttentionMetadata
+from radixrt.kernels.backend import AttentionBackend, AttentionMetadata, LayerAttention
 from radixrt.kernels.decode_attention import attend, group_queries, merge
 from radixrt.kernels.kv_cache import PagedKVCache
 from radixrt.kernels.native_decode import KINDS, NativeDecode, load_native_decode
@@ -43,27 +58,29 @@ from radixrt.kernels.native_decode import KINDS, NativeDecode, load_native_decod
 
 @dataclass
 class _KVRun:
-    """Requests each attending over its KV from one page column on, `lens` tokens long: as the
-    compiled kernel reads it (pages, lens) or as the torch path gathers it (slots, bias)."""
+    """Requests each attending over its KV from one page column on, `lens` tokens long (of which
+    a window reads only the last `window`): as the compiled kernel reads it (pages, lens, window)
+    or as the torch path gathers it (slots, bias: just the tokens read)."""
 
     pages: torch.Tensor  # [B, P] int64 page ids, from the run's first page column
     lens: torch.Tensor  # [B] int64 tokens of each request in the run (>= 1)
-    slots: torch.Tensor | None = None  # torch path: [B, max_len] int64 (padding points at the zeroed pad_slot)
-    bias: torch.Tensor | None = None  # torch path: [B, 1, 1, max_len] float32, 0 where real, -inf at padding
+    window: int | None = None  # read only each request's last `window` tokens; None: all
+    slots: torch.Tensor | None = None  # torch path: [B, max_read] int64 (padding points at the zeroed pad_slot)
+    bias: torch.Tensor | None = None  # torch path: [B, 1, 1, max_read] float32, 0 where real, -inf at padding
 
 
 @dataclass
 class _DecodePlan:
     rows: torch.Tensor  # [Bd] int64 token rows of the decode requests
-    run: _KVRun  # their whole KV
+    run: _KVRun  # their whole KV (or its window)
 
 
 @dataclass
 class _PrefillPlan:
     start: int  # first token row of this request
     end: int
-    slots: torch.Tensor | None  # [kv_len] int64; None: no cached prefix, attend over the new K/V
-    mask: torch.Tensor | None  # [q_len, kv_len] bool; None: plain causal (no prefix)
+    slots: torch.Tensor | None  # [kv_read] int64 KV read back, from kv_begin; None: attend over the new K/V
+    mask: torch.Tensor | None  # [q_len, kv_read] bool; None: plain causal (no prefix, no window cut)
 
 
 # Shared prefixes shorter than this are left to the plain path (not worth a second pass).
@@ -75,6 +92,15 @@ class _CascadePlan:
     rows: torch.Tensor  # [G] int64 token rows of the requests sharing the prefix
     prefix_slots: torch.Tensor  # [Lp] int64 cache slots of the shared prefix
     tail: _KVRun  # each request's own tail, after the shared pages
+
+
+@dataclass
+class StepPlan:
+    """One step for the layers of one window: every layer planned with it runs these."""
+
+    cascades: list[_CascadePlan]
+    decodes: list[_DecodePlan]
+    prefills: list[_PrefillPlan]
 
 
 def shared_prefix_groups(page_table: torch.Tensor, reqs: list[int], kv_lens: list[int], page_size: int):
@@ -112,11 +138,41 @@ def decode_groups(kv_lens: list[int], reqs: list[int]) -> list[list[int]]:
     return groups
 
 
+def additive_mask(valid: torch.Tensor) -> torch.Tensor:
+    """valid: bool, any shape -> float32 of that shape: 0 where valid, -inf elsewhere."""
+    return torch.zeros(valid.shape, dtype=torch.float32, device=valid.device).masked_fill_(~valid, float("-inf"))
+
+
 def padding_bias(valid: torch.Tensor) -> torch.Tensor:
     """valid: [B, T] bool -> [B, 1, 1, T] float32 additive mask: 0 where valid, -inf elsewhere."""
-    return torch.zeros(valid.shape, dtype=torch.float32, device=valid.device).masked_fill_(~valid, float("-inf"))[
-        :, None, None, :
-    ]
+    return additive_mask(valid)[:, None, None, :]
+
+
+# The explicit (softcapped) prefill path holds at most this many float32 scores at once.
+CAPPED_SCORES_PER_BLOCK = 1 << 24
+
+
+def capped_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, la: LayerAttention
+) -> torch.Tensor:
+    """A prefill chunk through explicit float32 scores (what sdpa cannot do: a soft cap).
+
+    q: [n, heads, D]; k, v: [T, kv_heads, D]; mask: [n, T] bool, or None for plain causal
+    (then T == n) -> [n, heads, D] in q's dtype. Query rows go in blocks that bound the
+    scores to CAPPED_SCORES_PER_BLOCK floats.
+    """
+    n, H, D = q.shape
+    kv_heads, T = k.shape[1], k.shape[0]
+    if mask is None:
+        mask = torch.ones(n, T, dtype=torch.bool, device=q.device).tril_()
+    qh = q.float().transpose(0, 1).reshape(kv_heads, H // kv_heads, n, D)  # [kv_heads, group, n, D]
+    kh, vh = (x.float().transpose(0, 1)[:, None] for x in (k, v))  # [kv_heads, 1, T, D]
+    out = torch.empty_like(qh)
+    block = max(1, CAPPED_SCORES_PER_BLOCK // (H * T))
+    for b0 in range(0, n, block):
+        rows = slice(b0, b0 + block)
+        out[:, :, rows] = attend(qh[:, :, rows], kh, vh, additive_mask(mask[rows]), la.scale, la.softcap)[0]
+    return out.reshape(H, n, D).transpose(0, 1).to(q.dtype)
 
 
 def request_slots(page_table_row: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -125,10 +181,17 @@ def request_slots(page_table_row: torch.Tensor, positions: torch.Tensor, page_si
 
 
 class TorchBackend(AttentionBackend):
-    def __init__(self, cache: PagedKVCache, num_heads: int, head_dim: int, scale: float, native: bool | None = None) -> None:
+    def __init__(
+        self,
+        cache: PagedKVCache,
+        num_heads: int,
+        head_dim: int,
+        layers: Sequence[LayerAttention],
+        native: bool | None = None,
+    ) -> None:
         """native: decode through the compiled kernel (native_decode.py). None: where it builds and
         serves the pool's dtype (float32, bfloat16 on CPU); True: required (raises without it); False: never."""
-        super().__init__(cache, num_heads, head_dim, scale)
+        super().__init__(cache, num_heads, head_dim, layers)
         self.native: NativeDecode | None = None
         if native is not False:
             serves = cache.storage_dtype in KINDS and cache.k[0].device.type == "cpu"
@@ -138,73 +201,99 @@ class TorchBackend(AttentionBackend):
 
     def init_forward(self, meta: AttentionMetadata) -> None:
         self.meta = meta
-        device = meta.out_slots.device
         starts = [0]
         for n in meta.qo_lens:
             starts.append(starts[-1] + n)
-        decode = [i for i, n in enumerate(meta.qo_lens) if n == 1]
-        self.cascades = []
-        for members, shared in shared_prefix_groups(meta.page_table, decode, meta.kv_lens, meta.page_size):
-            self.cascades.append(self._plan_cascade(meta, members, shared, starts, device))
-            decode = [i for i in decode if i not in members]
-        # The kernel reads each request's own length; the torch path pads, so it groups by length.
-        groups = ([decode] if decode else []) if self.native is not None else decode_groups(meta.kv_lens, decode)
-        self.decodes = [self._plan_decode(meta, g, starts, device) for g in groups]
-        self.prefills = [self._plan_prefill(meta, i, starts, device) for i, n in enumerate(meta.qo_lens) if n > 1]
+        longest = max(meta.kv_lens, default=0)
+        plans: dict[int | None, StepPlan] = {}
+        self.layer_plans: list[StepPlan] = []  # [num_layers]: the plan each layer runs this step
+        for la in self.layers:
+            window = None if la.sees_all(longest) else la.window  # a window no sequence outgrows cuts nothing
+            if window not in plans:
+                plans[window] = self._plan_step(meta, window, starts)
+            self.layer_plans.append(plans[window])
 
-    def _plan_run(self, meta: AttentionMetadata, reqs: list[int], first_page: int, lens: list[int]) -> _KVRun:
-        """reqs' KV from page column first_page on, lens[i] tokens each."""
+    def _plan_step(self, meta: AttentionMetadata, window: int | None, starts: list[int]) -> StepPlan:
+        device = meta.out_slots.device
+        decode = [i for i, n in enumerate(meta.qo_lens) if n == 1]
+        # NOTE: a request whose window does not reach back to its first token cannot read a shared
+        # prefix whole, so it never joins a cascade; it decodes alone over its window.
+        whole = [i for i in decode if window is None or meta.kv_lens[i] <= window]
+        cascades = []
+        for members, shared in shared_prefix_groups(meta.page_table, whole, meta.kv_lens, meta.page_size):
+            cascades.append(self._plan_cascade(meta, members, shared, starts, device))
+            decode = [i for i in decode if i not in members]
+        # The kernel reads each request's own length; the torch path pads, so it groups by what it reads.
+        reads = meta.kv_lens if window is None else [min(n, window) for n in meta.kv_lens]
+        groups = ([decode] if decode else []) if self.native is not None else decode_groups(reads, decode)
+        decodes = [self._plan_decode(meta, g, starts, window, device) for g in groups]
+        prefills = [self._plan_prefill(meta, i, starts, window, device) for i, n in enumerate(meta.qo_lens) if n > 1]
+        return StepPlan(cascades, decodes, prefills)
+
+    def _plan_run(self, meta: AttentionMetadata, reqs: list[int], first_page: int, lens: list[int], window: int | None) -> _KVRun:
+        """reqs' KV from page column first_page on, lens[i] tokens each, of which they read the last `window`."""
         device, ps = meta.page_table.device, meta.page_size
         idx = torch.tensor(reqs, dtype=torch.int64, device=device)
         n = torch.tensor(lens, dtype=torch.int64, device=device)
         pages = meta.page_table[idx, first_page : first_page + math.ceil(max(lens) / ps)].contiguous()  # [B, P]
         if self.native is not None:
-            return _KVRun(pages, n)
-        j = torch.arange(max(lens), device=device)  # [max_len]
-        valid = j[None, :] < n[:, None]  # [B, max_len]
-        slots = torch.where(valid, pages[:, j // ps] * ps + j % ps, self.cache.pad_slot)
-        return _KVRun(pages, n, slots, padding_bias(valid))
+            return _KVRun(pages, n, window)
+        read = n if window is None else n.clamp(max=window)  # [B] tokens each request reads
+        j = torch.arange(max(lens) if window is None else min(max(lens), window), device=device)  # [max_read]
+        valid = j[None, :] < read[:, None]  # [B, max_read]
+        pos = torch.where(valid, (n - read)[:, None] + j[None, :], 0)  # [B, max_read] token positions in the run
+        slots = torch.where(valid, pages.gather(1, pos // ps) * ps + pos % ps, self.cache.pad_slot)
+        return _KVRun(pages, n, window, slots, padding_bias(valid))
 
-    def _plan_decode(self, meta: AttentionMetadata, reqs: list[int], starts: list[int], device) -> _DecodePlan:
+    def _plan_decode(
+        self, meta: AttentionMetadata, reqs: list[int], starts: list[int], window: int | None, device
+    ) -> _DecodePlan:
         rows = torch.tensor([starts[i] for i in reqs], dtype=torch.int64, device=device)
-        return _DecodePlan(rows, self._plan_run(meta, reqs, 0, [meta.kv_lens[i] for i in reqs]))
+        return _DecodePlan(rows, self._plan_run(meta, reqs, 0, [meta.kv_lens[i] for i in reqs], window))
 
     def _plan_cascade(self, meta: AttentionMetadata, members: list[int], shared: int, starts: list[int], device) -> _CascadePlan:
+        """Members read all of their KV (no window cuts it), the shared pages once for all."""
         prefix_len = shared * meta.page_size
         prefix_slots = request_slots(meta.page_table[members[0]], torch.arange(prefix_len, device=device), meta.page_size)
-        tail = self._plan_run(meta, members, shared, [meta.kv_lens[i] - prefix_len for i in members])
+        tail = self._plan_run(meta, members, shared, [meta.kv_lens[i] - prefix_len for i in members], None)
         rows = torch.tensor([starts[i] for i in members], dtype=torch.int64, device=device)
         return _CascadePlan(rows, prefix_slots, tail)
 
-    def _plan_prefill(self, meta: AttentionMetadata, i: int, starts: list[int], device) -> _PrefillPlan:
+    def _plan_prefill(self, meta: AttentionMetadata, i: int, starts: list[int], window: int | None, device) -> _PrefillPlan:
         q_len, kv_len = meta.qo_lens[i], meta.kv_lens[i]
         prefix = kv_len - q_len
-        if prefix == 0 and not self.cache.quantized:
-            return _PrefillPlan(starts[i], starts[i] + q_len, None, None)
-        kv_pos = torch.arange(kv_len, device=device)
-        slots = request_slots(meta.page_table[i], kv_pos, meta.page_size)
-        if prefix == 0:  # quantized pool: read the chunk's own K/V back, plain causal mask
-            return _PrefillPlan(starts[i], starts[i] + q_len, slots, None)
-        q_pos = prefix + torch.arange(q_len, device=device)
+        rows = (starts[i], starts[i] + q_len)
+        cut = window is not None and kv_len > window  # some query of the chunk sees less than all before it
+        if prefix == 0 and not cut and not self.cache.quantized:
+            return _PrefillPlan(*rows, None, None)
+        # KV before kv_begin is outside every query's window (the first query's reaches back the least)
+        kv_begin = max(0, prefix - window + 1) if cut else 0
+        kv_pos = torch.arange(kv_begin, kv_len, device=device)  # [kv_read]
+        # a chunk with no prefix attends over its own new K/V, unless a quantized pool must be read back
+        slots = request_slots(meta.page_table[i], kv_pos, meta.page_size) if prefix or self.cache.quantized else None
+        if prefix == 0 and not cut:  # quantized pool: read the chunk's own K/V back, plain causal mask
+            return _PrefillPlan(*rows, slots, None)
+        q_pos = prefix + torch.arange(q_len, device=device)  # [q_len]
         mask = kv_pos[None, :] <= q_pos[:, None]  # bottom-right causal
-        return _PrefillPlan(starts[i], starts[i] + q_len, slots, mask)
+        if cut:
+            mask &= kv_pos[None, :] > q_pos[:, None] - window  # HF: kv_idx > q_idx - sliding_window
+        return _PrefillPlan(*rows, slots, mask)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         self.cache.write(layer, self.meta.out_slots, k, v)
+        la, plan = self.layers[layer], self.layer_plans[layer]
         out = torch.empty_like(q)  # [T, heads, head_dim]
-        for c in self.cascades:
-            out[c.rows] = self._cascade(q[c.rows], c, layer)
-        for d in self.decodes:
-            out[d.rows] = self._attend_run(q[d.rows], d.run, layer)[0].to(q.dtype)
-        for p in self.prefills:
-            # kp, vp: [kv_len, kv_heads, head_dim]
+        for c in plan.cascades:
+            out[c.rows] = self._cascade(q[c.rows], c, layer, la)
+        for d in plan.decodes:
+            out[d.rows] = self._attend_run(q[d.rows], d.run, layer, la)[0].to(q.dtype)
+        for p in plan.prefills:
+            # kp, vp: [kv_read, kv_heads, head_dim]
             kp, vp = (k[p.start : p.end], v[p.start : p.end]) if p.slots is None else self.cache.read(layer, p.slots)
-            qp = q[p.start : p.end].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, head_dim]
-            op = self._sdpa(qp, kp.transpose(0, 1).unsqueeze(0), vp.transpose(0, 1).unsqueeze(0), p.mask)
-            out[p.start : p.end] = op[0].transpose(0, 1)
+            out[p.start : p.end] = self._prefill(q[p.start : p.end], kp, vp, p.mask, la)
         return out
 
-    def _cascade(self, q: torch.Tensor, c: _CascadePlan, layer: int) -> torch.Tensor:
+    def _cascade(self, q: torch.Tensor, c: _CascadePlan, layer: int, la: LayerAttention) -> torch.Tensor:
         """q: [G, heads, head_dim] -> [G, heads, head_dim], attending over shared prefix + own tail."""
         G, H, D = q.shape
         kp, vp = self.cache.read_heads(layer, c.prefix_slots[None])  # [1, kv_heads, Lp, head_dim] float32
@@ -212,26 +301,34 @@ class TorchBackend(AttentionBackend):
         qg = group_queries(q, kv_heads)  # [G, kv_heads, group, D]
         # The prefix, once for every member: all G * group query rows of a KV head in one matmul.
         qp = qg.permute(1, 0, 2, 3).reshape(1, kv_heads, -1, D)  # [1, kv_heads, G * group, D]
-        op, lse_p = attend(qp, kp, vp, None, self.scale)
+        op, lse_p = attend(qp, kp, vp, None, la.scale, la.softcap)
         op = op.view(kv_heads, G, -1, D).permute(1, 0, 2, 3)  # [G, kv_heads, group, D]
         lse_p = lse_p.view(kv_heads, G, -1).permute(1, 0, 2)  # [G, kv_heads, group]
         # Each member's own tail, then the two partial softmaxes merged by their log-sum-exps.
-        ot, lse_t = self._attend_run(q, c.tail, layer)  # [G, heads, D], [G, heads]
+        ot, lse_t = self._attend_run(q, c.tail, layer, la)  # [G, heads, D], [G, heads]
         return merge(op.reshape(G, H, D), lse_p.reshape(G, H), ot, lse_t).to(q.dtype)
 
-    def _attend_run(self, q: torch.Tensor, run: _KVRun, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _attend_run(self, q: torch.Tensor, run: _KVRun, layer: int, la: LayerAttention) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [B, heads, head_dim] over each request's run -> out [B, heads, head_dim], lse [B, heads], float32."""
         B, H, D = q.shape
         if self.native is not None:
             k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]
-            out, lse = self.native(q.float().contiguous(), k_pool, v_pool, run.pages, run.lens, self.scale, want_lse=True)
-            return out, lse
-        k, v = self.cache.read_heads(layer, run.slots)  # [B, kv_heads, max_len, head_dim] float32
-        out, lse = attend(group_queries(q, k.shape[1]), k, v, run.bias, self.scale)
+            return self.native(q.float().contiguous(), k_pool, v_pool, run.pages, run.lens, la.scale, want_lse=True,
+                               window=run.window, softcap=la.softcap)
+        k, v = self.cache.read_heads(layer, run.slots)  # [B, kv_heads, max_read, head_dim] float32
+        out, lse = attend(group_queries(q, k.shape[1]), k, v, run.bias, la.scale, la.softcap)
         return out.reshape(B, H, D), lse.reshape(B, H)
 
-    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        k, v = k.to(q.dtype), v.to(q.dtype)
+    def _prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, la: LayerAttention
+    ) -> torch.Tensor:
+        """q: [n, heads, D]; k, v: [T, kv_heads, D]; mask [n, T] bool or None (plain causal) -> [n, heads, D]."""
+        if la.softcap is not None:
+            return capped_prefill(q, k, v, mask, la)
+        qs = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, D]
+        ks, vs = (x.to(q.dtype).transpose(0, 1).unsqueeze(0) for x in (k, v))  # [1, kv_heads, T, D]
         if mask is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=la.scale, enable_gqa=True)
+        else:
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=la.scale, enable_gqa=True)
+        return o[0].transpose(0, 1)

@@ -18,7 +18,7 @@ nvidia-smi -L
 $py -c "import torch, flashinfer, radixrt.kernels; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, torch.cuda.get_device_name())" || exit 1
 BUDGET=450
 start=$(date +%s)
-timeout $(( BUDGET - 120 )) $py -m pytest -q -rs -p no:cacheprovider tests/test_torch_backend.py tests/test_cuda.py
+timeout $(( BUDGET - 120 )) $py -m pytest -q -rs -p no:cacheprovider tests/test_torch_backend.py tests/test_attention_options.py tests/test_cuda.py
 tests_rc=$?
 echo "tests: rc=$tests_rc in $(( $(date +%s) - start )) s"
 # ragged + paged + merge against one paged causal pass for extends (which FlashInferBackend uses)

@@ -27,7 +27,7 @@ PROMPT = list(range(20, 84))  # 64 tokens
 def last_logits(model, cfg: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
     """The model's float32 logits at every position of PROMPT, prefilled in one chunk."""
     cache = PagedKVCache(cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, dtype, torch.device("cpu"))
-    attn = TorchBackend(cache, cfg.num_heads, cfg.head_dim, cfg.head_dim**-0.5)
+    attn = TorchBackend(cache, cfg.num_heads, cfg.head_dim, cfg.attention_layers())
     n = len(PROMPT)
     attn.init_forward(AttentionMetadata([n], [n], torch.arange(8)[None], torch.arange(n), 16))
     with torch.inference_mode():

@@ -16,7 +16,7 @@ import random
 
 import pytest
 import torch
-from radixrt.kernels import AttentionMetadata, PagedKVCache
+from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache
 from radixrt.kernels import native_decode
 from radixrt.kernels.decode_attention import attend, merge
 from radixrt.kernels.torch_backend import TorchBackend
@@ -75,7 +75,7 @@ def test_decode_batch_matches_naive(path, kv_dtype, dtype, page_size, group, hea
     heads, layers, scale = KV_HEADS * group, 2, head_dim**-0.5
     page_table, num_pages = build_batch(page_size, seed=group * head_dim)
     cache = PagedKVCache(layers, num_pages, page_size, KV_HEADS, head_dim, dtype, torch.device("cpu"), kv_dtype)
-    backend = TorchBackend(cache, heads, head_dim, scale, native=path == "native")
+    backend = TorchBackend(cache, heads, head_dim, [LayerAttention(scale)] * layers, native=path == "native")
     slots_of = lambda i, pos: page_table[i, pos // page_size] * page_size + pos % page_size  # noqa: E731
     for layer in range(layers):  # history before this step (the shared prefix is written thrice: same values)
         shared_k, shared_v = torch.randn(SHARED, KV_HEADS, head_dim), torch.randn(SHARED, KV_HEADS, head_dim)
@@ -86,10 +86,10 @@ def test_decode_batch_matches_naive(path, kv_dtype, dtype, page_size, group, hea
             cache.write(layer, slots_of(i, torch.arange(n - 1)), k.to(dtype), v.to(dtype))
     out_slots = torch.cat([slots_of(i, torch.tensor([n - 1])) for i, n in enumerate(KV_LENS)])
     backend.init_forward(AttentionMetadata([1] * len(KV_LENS), KV_LENS, page_table, out_slots, page_size))
-    assert [c.rows.tolist() for c in backend.cascades] == [[0, 1, 2]]
-    assert not backend.prefills
+    assert [c.rows.tolist() for c in backend.layer_plans[0].cascades] == [[0, 1, 2]]
+    assert not backend.layer_plans[0].prefills
     # the kernel reads each request's own length in one call; the torch path pads, in length groups
-    assert len(backend.decodes) == 1 if path == "native" else len(backend.decodes) >= 3
+    assert len(backend.layer_plans[0].decodes) == 1 if path == "native" else len(backend.layer_plans[0].decodes) >= 3
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     for layer in range(layers):
         q = torch.randn(len(KV_LENS), heads, head_dim).to(dtype)
@@ -123,9 +123,9 @@ def test_quantized_pools_take_the_torch_path():
     """int8 and fp8 pools dequantize through PagedKVCache.read; the kernel does not serve them."""
     for kv_dtype in ("int8", "fp8_e4m3"):
         cache = PagedKVCache(1, 4, 16, KV_HEADS, 64, torch.bfloat16, torch.device("cpu"), kv_dtype)
-        assert TorchBackend(cache, 2 * KV_HEADS, 64, 0.125).native is None
+        assert TorchBackend(cache, 2 * KV_HEADS, 64, [LayerAttention(0.125)]).native is None
         with pytest.raises(RuntimeError, match="unavailable"):
-            TorchBackend(cache, 2 * KV_HEADS, 64, 0.125, native=True)
+            TorchBackend(cache, 2 * KV_HEADS, 64, [LayerAttention(0.125)], native=True)
 
 
 def test_a_kernel_that_cannot_build_leaves_the_torch_path_and_says_why(tmp_path):
@@ -135,10 +135,10 @@ def test_a_kernel_that_cannot_build_leaves_the_torch_path_and_says_why(tmp_path)
 
     code = (
         "import logging, torch; logging.basicConfig(level=logging.INFO)\n"
-        "from radixrt.kernels import PagedKVCache\n"
+        "from radixrt.kernels import LayerAttention, PagedKVCache\n"
         "from radixrt.kernels.torch_backend import TorchBackend\n"
         "cache = PagedKVCache(1, 4, 16, 2, 64, torch.float32, torch.device('cpu'))\n"
-        "assert TorchBackend(cache, 4, 64, 0.125).native is None\n"
+        "assert TorchBackend(cache, 4, 64, [LayerAttention(0.125)]).native is None\n"
     )
     env = {"PATH": "/usr/bin:/bin", "CC": str(tmp_path / "no-such-cc"), "XDG_CACHE_HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

@@ -13,7 +13,7 @@ import pytest
 import radixrt
 import torch
 from helpers import corpus_prompts
-from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend
+from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache, create_attention_backend
 from radixrt.kernels.kv_cache import KV_FORMATS
 from test_torch_backend import naive_attention
 
@@ -132,7 +132,7 @@ BACKEND_BOUND = {"int8": 0.03, "fp8_e4m3": 0.3, "fp8_e5m2": 0.5}
 def run_steps(kv_dtype: str, q_all, k_all, v_all) -> list[torch.Tensor]:
     """Run STEPS through a TorchBackend over a pool of kv_dtype -> each step's output per layer."""
     cache = PagedKVCache(LAYERS, 11, PAGE, KV_HEADS, D, torch.float32, CPU, kv_dtype)
-    backend = create_attention_backend("torch", cache, HEADS, D, D**-0.5)
+    backend = create_attention_backend("torch", cache, HEADS, D, [LayerAttention(D**-0.5)] * LAYERS)
     outs = []
     for step in STEPS:
         reqs = [r for r, _, _ in step]
@@ -192,7 +192,7 @@ def test_flashinfer_fp8_pool_matches_torch_backend(kv_dtype):
     for name, device in (("torch", CPU), ("flashinfer", dev)):
         torch.manual_seed(0)
         cache = PagedKVCache(1, 64, PAGE, KV_HEADS, dim, torch.bfloat16, device, kv_dtype)
-        backend = create_attention_backend(name, cache, HEADS, dim, dim**-0.5)
+        backend = create_attention_backend(name, cache, HEADS, dim, [LayerAttention(dim**-0.5)])
         table = torch.arange(64).view(8, 8)[: len(shapes)].to(device)  # 8 pages (128 tokens) per request
         for i, (prefix, _) in enumerate(shapes):
             pos = torch.arange(prefix, device=device)
@@ -212,7 +212,7 @@ def test_flashinfer_fp8_pool_matches_torch_backend(kv_dtype):
 def test_flashinfer_refuses_int8_naming_the_setting():
     cache = PagedKVCache(1, 4, 16, 2, 64, torch.bfloat16, CPU, "int8")
     with pytest.raises(ValueError, match="kv_cache_dtype 'int8'.*torch"):
-        create_attention_backend("flashinfer", cache, 8, 64, 0.125)
+        create_attention_backend("flashinfer", cache, 8, 64, [LayerAttention(0.125)])
 
 
 # -- the engine (scheduler + model runner, in one process) -------------------------------------------

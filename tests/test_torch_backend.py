@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend
+from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache, create_attention_backend
 
 
 def naive_attention(q, k_all, v_all, prefix, scale):
@@ -52,7 +52,7 @@ def test_batch_matches_naive(backend_name, shapes, page_size, heads, kv_heads):
     rng = random.Random(page_size * 10 + heads)
     D, layers, num_pages = 16 if backend_name == "torch" else 64, 2, 256
     cache = PagedKVCache(layers, num_pages, page_size, kv_heads, D, dtype, device)
-    backend = create_attention_backend(backend_name, cache, heads, D, D**-0.5)
+    backend = create_attention_backend(backend_name, cache, heads, D, [LayerAttention(D**-0.5)] * layers)
     # (cached prefix, new tokens) per request
     free = list(range(num_pages))
     rng.shuffle(free)
@@ -87,7 +87,7 @@ def test_batch_matches_naive(backend_name, shapes, page_size, heads, kv_heads):
 def test_unknown_backend_is_named():
     cache = PagedKVCache(1, 4, 1, 1, 8, torch.float32, torch.device("cpu"))
     with pytest.raises(ValueError, match="nonesuch"):
-        create_attention_backend("nonesuch", cache, 1, 8, 1.0)
+        create_attention_backend("nonesuch", cache, 1, 8, [LayerAttention(1.0)])
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -99,7 +99,7 @@ def test_decodes_sharing_prefix_pages_attend_in_cascade_exactly(page_size, dtype
     torch.manual_seed(1)
     heads, kv_heads, D, layers, num_pages = 8, 2, 16, 2, 512 // page_size + 64
     cache = PagedKVCache(layers, num_pages, page_size, kv_heads, D, dtype, torch.device("cpu"))
-    backend = create_attention_backend("torch", cache, heads, D, D**-0.5)
+    backend = create_attention_backend("torch", cache, heads, D, [LayerAttention(D**-0.5)] * layers)
     shared_len = 96  # whole pages at both page sizes, >= CASCADE_MIN_TOKENS
     assert shared_len >= CASCADE_MIN_TOKENS
     free = list(range(num_pages))
@@ -132,7 +132,7 @@ def test_decodes_sharing_prefix_pages_attend_in_cascade_exactly(page_size, dtype
     all_kv = kv_lens + [20]
     out_slots = torch.cat([slots_of(i, torch.tensor([n - 1])) for i, n in enumerate(kv_lens)] + [slots_of(5, torch.arange(20))])
     backend.init_forward(AttentionMetadata(qo_lens, all_kv, page_table, out_slots, page_size))
-    assert len(backend.cascades) == 1 and backend.cascades[0].rows.tolist() == [0, 1, 2]
+    assert len(backend.layer_plans[0].cascades) == 1 and backend.layer_plans[0].cascades[0].rows.tolist() == [0, 1, 2]
     T = sum(qo_lens)
     for layer in range(layers):
         q = torch.randn(T, heads, D).to(dtype)

@@ -15,6 +15,11 @@
  *   pool   [slots, KVH, D] of `kind`          lse  [B, H] float32, or NULL
  *   pages  [B, pages_stride] int64: request b's i-th page id; slot = page * page_size + offset
  *   kv_lens [B] int64, each >= 1: tokens of request b to attend over, from its first page
+ * window > 0: request b reads only its last `window` tokens, max(0, kv_len - window) .. kv_len - 1
+ * (a sliding-window layer; the pages before stay in the pool, unread); 0: all of them.
+ * softcap > 0: each score s = scale * q . k becomes softcap * tanh(s / softcap) before the
+ * softmax (Gemma 2); 0: scores as they are. Neither costs a layer that does not use it anything
+ * but one branch per row.
  * The python reference is kernels/decode_attention.py (attend); tests hold this to it.
  */
 #include <math.h>
@@ -146,6 +151,31 @@ static inline float exp_shifted(float *s, int64_t T, float m) {
     return sum;
 }
 
+/* s[t] = cap * tanh(s[t] / cap) for t < T. tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2|x|),
+ * so the branch-free exp above serves (its -87 clamp only reaches |x| > 43, where tanh is 1 in float). */
+static inline float tanh_via_exp(float x) {
+    float e = exp_nonpositive(-2.0f * fabsf(x)), t = (1.0f - e) / (1.0f + e);
+    return x < 0.0f ? -t : t;
+}
+
+/* NOTE: noinline: inlined into attend_task it slowed layers without a cap by ~7% (measured). */
+__attribute__((noinline)) static void softcap_row(float *s, int64_t T, float cap) {
+    const float inv = 1.0f / cap;
+    int64_t t = 0;
+#ifdef __AVX2__
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 capv = _mm256_set1_ps(cap), m2inv = _mm256_set1_ps(-2.0f * inv);
+    for (; t + 8 <= T; t += 8) {
+        __m256 x = _mm256_loadu_ps(s + t);
+        __m256 sign = _mm256_and_ps(x, sign_bit);
+        __m256 e = exp8_nonpositive(_mm256_mul_ps(_mm256_andnot_ps(sign_bit, x), m2inv));
+        __m256 th = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+        _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_or_ps(th, sign), capv));
+    }
+#endif
+    for (; t < T; t++) s[t] = cap * tanh_via_exp(s[t] * inv);
+}
+
 /* Up to four tokens' rows from t0 on (the task's heads, W values each), widened into rows [4, W];
  * returns how many (fewer than four only at the end). */
 static inline int widen_block(const void *pool, int kind, const int64_t *pages, int64_t t0, int64_t T, int KVH,
@@ -158,14 +188,16 @@ static inline int widen_block(const void *pool, int kind, const int64_t *pages, 
     return n;
 }
 
-/* Request b's query heads of KV heads [h0, h1): q, out [(h1 - h0) * G, D]; lse [(h1 - h0) * G] or NULL.
- * A token's K (or V) for those heads is one contiguous run of W = (h1 - h0) * D values in the pool,
- * so a page is read front to back. Scratch: scores [(h1 - h0) * G, T], rows [4, W]. */
+/* Request b's query heads of KV heads [h0, h1) over its tokens [t_begin, T): q, out [(h1 - h0) * G, D];
+ * lse [(h1 - h0) * G] or NULL. A token's K (or V) for those heads is one contiguous run of
+ * W = (h1 - h0) * D values in the pool, so a page is read front to back.
+ * Scratch: scores [(h1 - h0) * G, T - t_begin], rows [4, W]. */
 static void attend_task(const float *q, const void *k_pool, const void *v_pool, int kind, const int64_t *pages,
-                        int64_t T, int KVH, int h0, int h1, int G, int D, int page_size, float scale,
-                        float *scores, float *rows, float *out, float *lse) {
+                        int64_t t_begin, int64_t T, int KVH, int h0, int h1, int G, int D, int page_size,
+                        float scale, float softcap, float *scores, float *rows, float *out, float *lse) {
     const int NH = h1 - h0, W = NH * D;
-    for (int64_t t0 = 0; t0 < T; t0 += 4) { /* K rows four at a time (dot4) */
+    const int64_t N = T - t_begin; /* tokens read; score row r, token t sits at scores[r * N + t - t_begin] */
+    for (int64_t t0 = t_begin; t0 < T; t0 += 4) { /* K rows four at a time (dot4) */
         int n = widen_block(k_pool, kind, pages, t0, T, KVH, h0, D, W, page_size, rows);
         for (int h = 0; h < NH; h++) {
             for (int j = 0; j < G; j++) {
@@ -176,24 +208,25 @@ static void attend_task(const float *q, const void *k_pool, const void *v_pool, 
                 } else {
                     for (int i = 0; i < n; i++) dots[i] = dot(qj, rows + i * W + h * D, D);
                 }
-                float *s = scores + (h * G + j) * T + t0;
+                float *s = scores + (h * G + j) * N + (t0 - t_begin);
                 for (int i = 0; i < n; i++) s[i] = dots[i] * scale;
             }
         }
     }
     for (int r = 0; r < NH * G; r++) {
-        float *s = scores + r * T, m = -INFINITY;
-        for (int64_t t = 0; t < T; t++) m = s[t] > m ? s[t] : m;
-        float sum = exp_shifted(s, T, m), inv = 1.0f / sum;
-        for (int64_t t = 0; t < T; t++) s[t] *= inv;
+        float *s = scores + r * N, m = -INFINITY;
+        if (softcap > 0.0f) softcap_row(s, N, softcap);
+        for (int64_t t = 0; t < N; t++) m = s[t] > m ? s[t] : m;
+        float sum = exp_shifted(s, N, m), inv = 1.0f / sum;
+        for (int64_t t = 0; t < N; t++) s[t] *= inv;
         if (lse) lse[r] = m + logf(sum);
     }
     memset(out, 0, (size_t)NH * G * D * sizeof(float));
-    for (int64_t t0 = 0; t0 < T; t0 += 4) { /* V rows four at a time, while the output rows stay in L1 */
+    for (int64_t t0 = t_begin; t0 < T; t0 += 4) { /* V rows four at a time, while the output rows stay in L1 */
         int n = widen_block(v_pool, kind, pages, t0, T, KVH, h0, D, W, page_size, rows);
         for (int h = 0; h < NH; h++) {
             for (int j = 0; j < G; j++) {
-                const float *w = scores + (h * G + j) * T + t0;
+                const float *w = scores + (h * G + j) * N + (t0 - t_begin);
                 float *o = out + (h * G + j) * D;
                 for (int i = 0; i < n; i++) {
                     const float *v = rows + i * W + h * D;
@@ -208,12 +241,16 @@ static void attend_task(const float *q, const void *k_pool, const void *v_pool, 
 
 int radixrt_decode_attention(const float *q, const void *k_pool, const void *v_pool, int kind,
                              const int64_t *pages, int64_t pages_stride, const int64_t *kv_lens,
-                             int B, int H, int KVH, int D, int page_size, float scale,
-                             float *out, float *lse) {
+                             int B, int H, int KVH, int D, int page_size, float scale, int64_t window,
+                             float softcap, float *out, float *lse) {
     if (kind != KIND_F32 && kind != KIND_BF16) return 1;
     if (H % KVH) return 2;
-    int64_t max_len = 0;
-    for (int b = 0; b < B; b++) max_len = kv_lens[b] > max_len ? kv_lens[b] : max_len;
+    if (window < 0 || softcap < 0.0f) return 4;
+    int64_t max_len = 0; /* the most tokens one request reads: its scores' scratch */
+    for (int b = 0; b < B; b++) {
+        int64_t n = window > 0 && kv_lens[b] > window ? window : kv_lens[b];
+        max_len = n > max_len ? n : max_len;
+    }
     const int G = H / KVH;
     /* A task is one request's KV heads, split when there are too few requests to keep every thread busy. */
     const int splits = B >= 2 * omp_get_max_threads() ? 1 : KVH;
@@ -230,9 +267,10 @@ int radixrt_decode_attention(const float *q, const void *k_pool, const void *v_p
         for (int64_t task = 0; task < (int64_t)B * splits; task++) {
             if (!scratch) continue;
             int b = (int)(task / splits), h0 = (int)(task % splits) * per_task;
-            int64_t head0 = (int64_t)b * H + (int64_t)h0 * G;
-            attend_task(q + head0 * D, k_pool, v_pool, kind, pages + b * pages_stride, kv_lens[b], KVH, h0,
-                        h0 + per_task, G, D, page_size, scale, scratch, scratch + per_task * G * max_len,
+            int64_t head0 = (int64_t)b * H + (int64_t)h0 * G, T = kv_lens[b];
+            int64_t t_begin = window > 0 && T > window ? T - window : 0;
+            attend_task(q + head0 * D, k_pool, v_pool, kind, pages + b * pages_stride, t_begin, T, KVH, h0,
+                        h0 + per_task, G, D, page_size, scale, softcap, scratch, scratch + per_task * G * max_len,
                         out + head0 * D, lse ? lse + head0 : NULL);
         }
         free(scratch);

@@ -3,8 +3,10 @@
 Owns, for each captured batch size bs, a CUDA graph of the model forward from
 token ids to final hidden states (every layer's projections, RoPE, KV write,
 FlashInfer decode attention, MLP, and the NCCL all-reduces under tensor
-parallelism), and the FlashInfer decode wrapper its attention kernels were
-captured with (`use_cuda_graph=True`, batch size fixed). It also owns the
+parallelism), and the FlashInfer decode wrappers its attention kernels were
+captured with (`use_cuda_graph=True`, batch size fixed; one per attention kind
+of the backend, e.g. Gemma's sliding and full layers, each layer's kernels
+captured from its kind's wrapper). It also owns the
 fixed-address tensors those graphs read, allocated once at the largest size:
 input_ids, positions, out_slots, and FlashInfer's int32 page table
 (kv_indptr, kv_indices, last_page_len). A size-bs graph reads their first rows.
@@ -14,8 +16,8 @@ with at most `max_bs` requests. Prefill, mixed batches and larger decodes run
 eagerly, as does everything on the torch backend.
 
 Per replay: pad the batch to the next captured size, copy the step's inputs
-into the buffers, plan the size's wrapper for this step's page table (host
-work, outside the graph: it rewrites the wrapper's buffers in place), replay,
+into the buffers, plan the size's wrappers for this step's page table (host
+work, outside the graph: it rewrites the wrappers' buffers in place), replay,
 and return the first n rows of the graph's output.
 
 Logits are computed outside the graph, by the caller: which rows need them
@@ -58,13 +60,14 @@ class DecodeGraphRunner:
         self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)  # [max_bs]
         self.positions = torch.zeros(max_bs, dtype=torch.int64, device=dev)  # [max_bs]
         self.out_slots = torch.full((max_bs,), self.cache.pad_slot, dtype=torch.int64, device=dev)  # [max_bs]
-        # FlashInfer's CSR page table, shared by every size's wrapper (one step plans one of them).
+        # FlashInfer's CSR page table, shared by every size's wrappers (one step plans one size's) and
+        # by the kinds of a size (each plans the same page table into it; a window only narrows the read).
         # kv_indices: [max_bs * max_pages_per_req], room for every page a step of max_bs requests lists.
         self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)  # [max_bs + 1]
         self.kv_indices = torch.zeros(max_bs * max_pages_per_req, dtype=torch.int32, device=dev)
         self.last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)  # [max_bs]
-        self.wrappers = {
-            bs: attn.graph_decode_wrapper(self.kv_indptr[: bs + 1], self.kv_indices, self.last_page_len[:bs])
+        self.wrappers = {  # bs -> one decode wrapper per attention kind (attn.kinds)
+            bs: attn.graph_decode_wrappers(self.kv_indptr[: bs + 1], self.kv_indices, self.last_page_len[:bs])
             for bs in self.sizes
         }
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -109,7 +112,7 @@ class DecodeGraphRunner:
         return self.model(self.input_ids[:bs], self.positions[:bs], self.attn)  # [bs, hidden]
 
     def _load(self, bs: int, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
-        """Put a step of n <= bs decodes into the buffers as a batch of bs and plan bs's wrapper for it.
+        """Put a step of n <= bs decodes into the buffers as a batch of bs and plan bs's wrappers for it.
 
         Padding rows n..bs write their K/V to the pad slot and attend over that one slot (a
         1-token sequence on the pad page), so they never read or write a real page.
