@@ -108,6 +108,7 @@ class SlotInit(msgspec.Struct, array_like=True):
     stop_ids: list[int]
     penalty_ids: list[int]  # prompt ids, only when repetition_penalty is on
     output_ids: list[int] = []  # generated before a retraction: sampling state resumes from them
+    long_rope: bool = False  # a longrope model runs the request under its long rope factors (rope.py)
 
 
 class LogprobSpec(msgspec.Struct, array_like=True):
@@ -225,6 +226,9 @@ class WorkerReady(msgspec.Struct, tag=True):
     host_pages: int = 0  # the host tier / swap pool (0: none)
     disk_dir: str = ""  # the disk tier's directory for this model ("" : none)
     disk_pages: int = 0
+    # longrope models: prompts longer than this run under other rope factors, so their KV lives in
+    # its own prefix-cache namespace (0: no such model)
+    long_prompt_threshold: int = 0
 
 
 class SchedulerReady(msgspec.Struct, tag=True):

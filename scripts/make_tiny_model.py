@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.txt"
@@ -345,30 +345,31 @@ def _swap_into_place(built: Path, target: Path) -> None:
         os.rename(built, target)
 
 
-def _build_fresh(family: str, size: str, target: Path, fingerprint: str) -> None:
-    # Build beside the target (same filesystem) so the final rename is atomic.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build.", dir=target.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the final dir should read like any other
-    try:
-        make_model(family, tmp, size)
-        (tmp / STAMP_NAME).write_text(fingerprint + "\n")  # written last: marks the dir complete
-        _swap_into_place(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def ensure_built(target: Path, fingerprint: str, build: Callable[[Path], object]) -> Path:
+    """Return target, first running build(dir) into a fresh directory when target is missing or
+    stale, one builder at a time; the result replaces target atomically."""
+    if _is_fresh(target, fingerprint):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if _is_fresh(target, fingerprint):  # another process may have built it meanwhile
+            return target
+        # Build beside the target (same filesystem) so the final rename is atomic.
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build.", dir=target.parent))
+        os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the final dir should read like any other
+        try:
+            build(tmp)
+            (tmp / STAMP_NAME).write_text(fingerprint + "\n")  # written last: marks the dir complete
+            _swap_into_place(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def ensure_model(family: str, size: str = "tiny", root: Path | None = None) -> Path:
     """Return root/f"{family}-{size}", building it first if it is missing or stale."""
     root = Path(root) if root is not None else DEFAULT_MODELS_ROOT
-    target = root / f"{family}-{size}"
-    fingerprint = builder_fingerprint()
-    if _is_fresh(target, fingerprint):
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root / f".{target.name}.lock"):
-        if not _is_fresh(target, fingerprint):  # another process may have built it meanwhile
-            _build_fresh(family, size, target, fingerprint)
-    return target
+    return ensure_built(root / f"{family}-{size}", builder_fingerprint(), lambda tmp: make_model(family, tmp, size))
 
 
 # --------------------------------------------------------------------------- CLI

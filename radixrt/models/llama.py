@@ -1,20 +1,25 @@
-"""The Llama family (Llama, Mistral, Qwen2): one implementation, differences by config.
+"""The decoder every family runs: Llama, Mistral, Qwen2, Qwen3 and, with small
+subclasses, Phi-3 (phi3.py) and Gemma 2/3 (gemma.py); Mixtral and Qwen3-MoE put the
+sparse block of moe.py where the MLP is. Differences are ModelConfig fields (biases,
+q/k norms, the activation, which layers are sparse, each layer's rope), not copies.
 
 q/k/v and gate/up projections are fused into one matmul each; `load_weights`
 maps the checkpoint's separate tensors into the fused ones, reading only this
 tensor-parallel rank's slice of each. Attention runs through the
-AttentionBackend, which owns the paged KV cache.
+AttentionBackend, which owns the paged KV cache (and each layer's scale,
+sliding window and soft-capping: ModelConfig.attention_layers).
 
 Tensor parallelism (Megatron style): attention heads and the MLP's
 intermediate features are split across ranks (column-parallel in,
 row-parallel out, one all-reduce each); KV heads are split too, or
 replicated when there are fewer KV heads than ranks; the vocabulary is split
-for the embedding and the LM head.
+for the embedding and the LM head; experts split their intermediate features.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import functools
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +27,14 @@ from torch import nn
 
 from radixrt.kernels import AttentionBackend
 from radixrt.models.config import ModelConfig
+from radixrt.models.moe import SparseMoE, moe_tensor_suffix
 from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding
 from radixrt.models.rope import RotaryEmbedding
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+}
 
 
 class RMSNorm(nn.Module):
@@ -51,15 +62,17 @@ def rank_heads(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int, int, int]:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, tp: TPGroup) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPGroup, norm: type[nn.Module]) -> None:
         super().__init__()
         self.layer = layer
         _, self.heads, _, self.kv_heads = rank_heads(cfg, tp)
         self.head_dim = cfg.head_dim
         qkv_out = (self.heads + 2 * self.kv_heads) * self.head_dim
         self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
-        o_bias = cfg.attention_bias and cfg.model_type != "qwen2"  # Qwen2 biases q/k/v only
-        self.o_proj = RowParallelLinear(self.heads * self.head_dim, cfg.hidden_size, o_bias, tp)
+        self.o_proj = RowParallelLinear(self.heads * self.head_dim, cfg.hidden_size, cfg.o_proj_bias, tp)
+        # Qwen3 and Gemma 3 normalize each q and k head before the rope.
+        self.q_norm = norm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = norm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attn: AttentionBackend):
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -67,30 +80,45 @@ class Attention(nn.Module):
         q = q.view(-1, self.heads, self.head_dim)  # [T, heads, head_dim]
         k = k.view(-1, self.kv_heads, self.head_dim)  # [T, kv_heads, head_dim]
         v = v.view(-1, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(positions, q, k)
         out = attn.forward(q, k, v, self.layer)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(-1, q_size))
 
 
 class MLP(nn.Module):
+    """Gated MLP: down(act(gate(x)) * up(x)), act SiLU (Llama) or tanh-GELU (Gemma)."""
+
     def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
         _, inter = tp.split(cfg.intermediate_size, "intermediate_size")
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, 2 * inter, bias=cfg.mlp_bias)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias, tp)
+        self.act = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
+
+
+def make_mlp(cfg: ModelConfig, layer: int, tp: TPGroup) -> nn.Module:
+    """The layer's feed-forward block: the sparse MoE block on the layers the config makes sparse."""
+    moe = cfg.moe
+    if moe is None or layer not in moe.layers:
+        return MLP(cfg, tp)
+    # Mixtral scales the expert outputs by float32 routing weights; Qwen3-MoE casts them first.
+    return SparseMoE(cfg.hidden_size, moe.intermediate_size, moe.num_experts, moe.top_k, moe.renormalize, tp,
+                     float32_scaling=cfg.model_type == "mixtral")  # fmt: skip
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, tp: TPGroup) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPGroup, norm: type[nn.Module]) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer, tp)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp)
+        self.input_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer, tp, norm)
+        self.post_attention_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = make_mlp(cfg, layer, tp)
 
     def forward(self, x, positions, rope, attn):
         x = x + self.self_attn(self.input_layernorm(x), positions, rope, attn)
@@ -108,24 +136,36 @@ class LlamaForCausalLM(nn.Module):
     }
     ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")  # split along the input features (dim 1)
     VOCAB_PARALLEL = ("embed_tokens.weight", "lm_head.weight")
+    norm_class: type[nn.Module] = RMSNorm
+    layer_class: type[DecoderLayer] = DecoderLayer
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()) -> None:
         super().__init__()
         self.cfg, self.tp = cfg, tp
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(self.layer_class(cfg, i, tp, self.norm_class) for i in range(cfg.num_layers))
+        self.norm = self.norm_class(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = ColumnParallelLinear(cfg.hidden_size, self.embed_tokens.weight.shape[0], bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.rope = self._rope(cfg.rope_theta, cfg.rope_scaling)
+        self.layer_ropes = [self.rope] * cfg.num_layers  # each layer's rope (a plain list: no second registration)
+
+    def _rope(self, theta: float, scaling: dict[str, Any]) -> RotaryEmbedding:
+        cfg = self.cfg
+        rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
+        return RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, theta, scaling, rotary_dim)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden] (before the norm)."""
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(x, positions, self.rope, attn)
+        """input_ids: [T]; positions: [T] rows of the rope tables (the positions themselves, except
+        for a longrope model: RotaryEmbedding.table_rows) -> final hidden states [T, hidden] (before the norm)."""
+        x = self.embed(input_ids)
+        for layer, rope in zip(self.layers, self.layer_ropes):
+            x = layer(x, positions, rope, attn)
         return x
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, hidden] rows that need logits -> [R, vocab] float32 (gathered across ranks)."""
@@ -136,9 +176,8 @@ class LlamaForCausalLM(nn.Module):
         slice of each (`weights` yields (name, tensor or safetensors slice)); every parameter must be set."""
         params = dict(self.named_parameters())
         unset = set(params)
-        for name, source in weights:
-            name = name.removeprefix("model.")
-            if "rotary_emb" in name or (name == "lm_head.weight" and self.cfg.tie_word_embeddings):
+        for name, source in self.checkpoint_tensors(weights):
+            if self._load_moe(name, source, unset):
                 continue
             target, dst_rows, src_index = self._shard_plan(name)
             if target not in params:
@@ -149,6 +188,30 @@ class LlamaForCausalLM(nn.Module):
             unset.discard("lm_head.weight")
         if unset:
             raise ValueError(f"checkpoint lacks tensors for: {sorted(unset)[:5]}")
+        for layer in self.layers:
+            if isinstance(layer.mlp, SparseMoE):
+                layer.mlp.check_loaded()
+
+    def checkpoint_tensors(self, weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+        """The checkpoint's tensors this model loads, named as in the model (no "model." prefix)."""
+        for name, source in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb" in name or (name == "lm_head.weight" and self.cfg.tie_word_embeddings):
+                continue
+            yield name, source
+
+    def _load_moe(self, name: str, source: Any, unset: set[str]) -> bool:
+        """A sparse block's tensor (router or expert) goes to its block's own loader."""
+        suffix = moe_tensor_suffix(name) if self.cfg.moe is not None else None
+        if suffix is None:
+            return False
+        layer = int(name.split(".")[1])  # layers.{i}.mlp... / layers.{i}.block_sparse_moe...
+        block = self.layers[layer].mlp
+        if not isinstance(block, SparseMoE):
+            raise ValueError(f"checkpoint tensor {name!r} is a sparse block's, but layer {layer} is dense here")
+        block.load(suffix, source)
+        unset.difference_update(f"layers.{layer}.mlp.{p}" for p in ("gate.weight", "w13", "w2"))
+        return True
 
     def _shard_plan(self, name: str) -> tuple[str, slice, tuple[slice, ...]]:
         """(parameter, rows of it to fill, index into the checkpoint tensor) for this rank."""

@@ -10,13 +10,22 @@ import torch
 from safetensors import safe_open
 
 from radixrt.models.config import ModelConfig
+from radixrt.models.gemma import GemmaForCausalLM
 from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.parallel import TPGroup
+from radixrt.models.phi3 import Phi3ForCausalLM
 
+# Every model_type here has a config reader in family_options.FAMILY_OPTIONS (a test checks both lists).
 MODEL_FAMILIES: dict[str, type[torch.nn.Module]] = {
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
+    "mixtral": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
+    "qwen3_moe": LlamaForCausalLM,
+    "phi3": Phi3ForCausalLM,
+    "gemma2": GemmaForCausalLM,
+    "gemma3_text": GemmaForCausalLM,
 }
 
 

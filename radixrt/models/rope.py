@@ -1,28 +1,53 @@
 """Rotary position embeddings: inverse frequencies per rope_type, and their application.
 
-Supported rope types: default, linear, llama3. Anything else is an error
-naming the type, never a silently different model.
+Supported rope types: default, linear, llama3, yarn, longrope (each as transformers
+5's modeling_rope_utils computes it). Anything else is an error naming the type,
+never a silently different model.
+
+YaRN and LongRoPE also scale cos and sin by an attention factor. LongRoPE has two
+sets of frequencies: transformers uses the long ones for a forward whose positions
+reach past original_max_position_embeddings, and Phi-3's generate recomputes the
+whole sequence when it first grows past that length, so a sequence is computed
+under one set: the short factors while it is at most that long, the long ones
+after. The scheduler decides per request (Req.long_rope, recomputing a request
+that crosses); RotaryEmbedding keeps both tables stacked ([short; long]) and
+`table_rows` turns positions into rows of that stack.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
-def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
-    """-> [head_dim // 2] float32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+@dataclass(frozen=True)
+class RopeFrequencies:
+    inv_freq: torch.Tensor  # [rotary_dim // 2] float32
+    attention_factor: float = 1.0  # multiplies cos and sin
+
+
+def rope_frequencies(
+    rotary_dim: int, theta: float, scaling: dict[str, Any], max_positions: int, long: bool = False
+) -> RopeFrequencies:
+    """The inverse frequencies (and cos/sin factor) of one rope; `long` picks LongRoPE's long factors."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim  # [rotary_dim // 2]
     kind = scaling.get("rope_type", "default")
     if kind == "default":
-        return inv_freq
+        return RopeFrequencies(1.0 / (theta**exponents))
     if kind == "linear":
-        return inv_freq / scaling["factor"]
+        return RopeFrequencies(1.0 / (theta**exponents) / scaling["factor"])
     if kind == "llama3":
-        return _llama3(inv_freq, scaling)
-    raise ValueError(f"rope_type {kind!r} is not supported (default, linear, llama3)")
+        return RopeFrequencies(_llama3(1.0 / (theta**exponents), scaling))
+    if kind == "yarn":
+        return _yarn(rotary_dim, theta, theta**exponents, scaling, max_positions)
+    if kind == "longrope":
+        return _longrope(exponents, theta, scaling, max_positions, long)
+    raise ValueError(f"rope_type {kind!r} is not supported ({', '.join(ROPE_TYPES)})")
 
 
 def _llama3(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
@@ -39,22 +64,97 @@ def _llama3(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
-class RotaryEmbedding(torch.nn.Module):
-    """Neox-style rotation (rotate_half), as Hugging Face Llama/Qwen2 apply it."""
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any]) -> None:
+
+def _yarn(dim: int, base: float, pos_freqs: torch.Tensor, s: dict[str, Any], max_positions: int) -> RopeFrequencies:
+    # Dimensions that turn many times within the original context keep their frequency
+    # (extrapolate), slow ones are divided by `factor` (interpolate), with a linear ramp
+    # between the dimensions where beta_fast and beta_slow rotations fit the old context.
+    old_len = s["original_max_position_embeddings"]
+    factor = s.get("factor") or max_positions / old_len
+    attention = s.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all_dim = s.get("mscale"), s.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention = _yarn_mscale(factor)
+
+    def dim_of(rotations: float) -> float:  # the dimension that turns `rotations` times over old_len
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(s.get("beta_fast") or 32), dim_of(s.get("beta_slow") or 1)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (original frequency), 0: interpolate (divided by factor)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+    return RopeFrequencies(inv_freq, float(attention))
+
+
+def _longrope(
+    exponents: torch.Tensor, theta: float, s: dict[str, Any], max_positions: int, long: bool
+) -> RopeFrequencies:
+    old_len = s["original_max_position_embeddings"]
+    factor = s.get("factor") or max_positions / old_len
+    attention = s.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old_len))
+    ext = torch.tensor(s["long_factor" if long else "short_factor"], dtype=torch.float32)
+    if ext.shape != exponents.shape:
+        raise ValueError(f"longrope {'long' if long else 'short'}_factor has {ext.numel()} values, not {exponents.numel()}")
+    return RopeFrequencies(1.0 / (ext * theta**exponents), float(attention))
+
+
+def _tables(freqs: RopeFrequencies, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> cos, sin: [max_positions, rotary_dim] float32, times the attention factor (as transformers)."""
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), freqs.inv_freq)
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos() * freqs.attention_factor, emb.sin() * freqs.attention_factor
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """Neox-style rotation (rotate_half) of the first rotary_dim features of each head, as
+    Hugging Face Llama/Qwen2/Phi-3 apply it."""
+
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any], rotary_dim: int | None = None
+    ) -> None:
         super().__init__()
-        inv_freq = inv_frequencies(head_dim, theta, scaling)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.rotary_dim = rotary_dim or head_dim
+        self.partial = self.rotary_dim < head_dim
+        self.max_positions = max_positions
+        # longrope: a sequence longer than this runs under the long factors
+        self.long_from: int | None = None
+        tables = [_tables(rope_frequencies(self.rotary_dim, theta, scaling, max_positions), max_positions)]
+        if scaling.get("rope_type") == "longrope":
+            self.long_from = scaling["original_max_position_embeddings"]
+            tables.append(_tables(rope_frequencies(self.rotary_dim, theta, scaling, max_positions, long=True), max_positions))
+        # cos, sin: [max_positions * len(tables), rotary_dim]
+        self.register_buffer("cos", torch.cat([c for c, _ in tables]), persistent=False)
+        self.register_buffer("sin", torch.cat([s for _, s in tables]), persistent=False)
+
+    def table_rows(self, positions: torch.Tensor, long: torch.Tensor) -> torch.Tensor:
+        """positions: [T] int64; long: [T] bool, the token's request runs under the long factors
+        -> [T] rows of the stacked cos/sin tables."""
+        assert self.long_from is not None, "only a longrope embedding has more than one table"
+        return positions + long * self.max_positions
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [T]; q: [T, heads, head_dim]; k: [T, kv_heads, head_dim]."""
-        # cos, sin: [T, 1, head_dim] in the activations' dtype, as Hugging Face does
+        """positions: [T] table rows (the positions, or table_rows' answer); q: [T, heads, head_dim];
+        k: [T, kv_heads, head_dim]."""
+        # cos, sin: [T, 1, rotary_dim] in the activations' dtype, as Hugging Face does
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        if self.partial:
+            d = self.rotary_dim
+            return (torch.cat([_rotate(q[..., :d], cos, sin), q[..., d:]], dim=-1),
+                    torch.cat([_rotate(k[..., :d], cos, sin), k[..., d:]], dim=-1))
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 

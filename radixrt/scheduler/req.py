@@ -12,6 +12,22 @@ from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.kv_handle import KVHandle
 
 
+def longrope_namespace(salt: str | None, long_rope: bool) -> str | None:
+    """The prefix-cache namespace of a request to a longrope model. transformers computes a
+    sequence under the short rope factors while it is at most the model's original context
+    long and under the long ones past it, so the KV of the same tokens differs between the two
+    and they never share pages. Injective over (salt, long_rope): no user salt can name another
+    namespace (None stays None; every other pair gets a prefix, "S+", "L" or "L+")."""
+    if salt is None:
+        return "L" if long_rope else None
+    return ("L+" if long_rope else "S+") + salt
+
+
+def lengthened_namespace(short: str | None) -> str | None:
+    """The long-rope namespace of the same user salt as the short-rope namespace `short`."""
+    return longrope_namespace(None if short is None else short.removeprefix("S+"), True)
+
+
 @dataclass(eq=False)
 class Req:
     rid: str
@@ -21,6 +37,7 @@ class Req:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     cache_salt: str | None = None  # prefix-cache namespace
+    long_rope: bool = False  # a longrope model's request past its original context: long rope factors
     output_ids: list[int] = field(default_factory=list)
     kv: KVHandle = field(default_factory=KVHandle)  # its pages (KVMemory writes, everyone else reads)
     grammar: Matcher | None = None  # a constrained request's position in its grammar

@@ -52,7 +52,7 @@ from radixrt.scheduler.logprobs import (
     logprob_spec,
 )
 from radixrt.scheduler.policy import SCHEDULE_POLICIES
-from radixrt.scheduler.req import Req
+from radixrt.scheduler.req import Req, lengthened_namespace, longrope_namespace
 from radixrt.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class Scheduler:
         self.mem = KVMemory(worker.num_pages, worker.page_size, use_cache=not args.disable_radix_cache, tiers=tiers)
         self.bytes_per_token = worker.bytes_per_token
         self.vocab_size = worker.vocab_size
+        self.long_prompt_threshold = worker.long_prompt_threshold
         self.stop = StopChecker(tokenizer, worker.eos_ids, worker.context_length)
         self.policy = SCHEDULE_POLICIES[args.schedule_policy]
         self.jump_forward = not args.disable_jump_forward
@@ -129,6 +130,9 @@ class Scheduler:
             self.outbox.append(rejection(msg.rid, why, len(msg.input_ids)))
             return
         r = Req.from_msg(msg)
+        if self.long_prompt_threshold:  # a longrope model: long prompts' KV is not short prompts'
+            r.long_rope = r.prompt_len > self.long_prompt_threshold
+            r.cache_salt = longrope_namespace(r.cache_salt, r.long_rope)
         if r.sampling.constraint is not None:
             self.grammars.add(r)  # it joins the waiting queue once its matcher is ready
         else:
@@ -307,7 +311,7 @@ class Scheduler:
         init = None
         if not r.slot_initialized:
             penalty_ids = r.prompt_ids if r.sampling.repetition_penalty != 1 else []
-            init = SlotInit(r.sampling, self.stop.stop_ids(r), penalty_ids, list(r.output_ids))
+            init = SlotInit(r.sampling, self.stop.stop_ids(r), penalty_ids, list(r.output_ids), r.long_rope)
         self.inflight.append((r, n))
         allowed = r.grammar.allowed() if sample and r.grammar is not None else b""
         return BatchEntry(r.slot, r.tokens(start, start + n), start, new_pages, sample, init, logprob_spec(r, start, n),
@@ -341,6 +345,8 @@ class Scheduler:
                 self.outbox.append(out)
             if r.finish is not None:
                 self._release(r)
+            elif self.long_prompt_threshold and not r.long_rope and r.seq_len > self.long_prompt_threshold:
+                self._recompute_under_long_rope(r)
             elif n > 1:
                 self.mem.cache_progress(r)  # a prefill chunk: share its full pages now
         self.inflight = []
@@ -402,14 +408,28 @@ class Scheduler:
         logger.info("retracting %s (%d tokens, %s) to free KV pages", r.rid, r.seq_len, "swapped" if swapped else "to recompute")
         if swapped:
             self.counters["swaps_out"] += 1
+            self._release(r)
+            self.waiting.insert(0, r)
         else:
-            r.recompute_len = r.kv_len
-        self._release(r)
-        if not swapped:
-            forget_prompt_logprobs(r)
-        self.waiting.insert(0, r)
+            self._requeue_to_recompute(r)
         self.counters["retractions"] += 1
         self.budget.on_retract()
+
+    def _requeue_to_recompute(self, r: Req) -> None:
+        """r gives its pages back (the cache keeps its full ones) and waits first, to run its sequence again."""
+        r.recompute_len = r.kv_len
+        self._release(r)
+        forget_prompt_logprobs(r)
+        self.waiting.insert(0, r)
+
+    def _recompute_under_long_rope(self, r: Req) -> None:
+        """r's sequence just outgrew a longrope model's original context. transformers' Phi-3 then
+        recomputes the whole sequence under the long rope factors (its generate drops the KV
+        cache), so r's short-factor KV goes to the cache (for short prompts) and r runs again
+        in the long namespace."""
+        self._requeue_to_recompute(r)
+        r.long_rope = True
+        r.cache_salt = lengthened_namespace(r.cache_salt)
 
     def _swaps(self, r: Req) -> bool:
         mode = self.args.preemption_mode
