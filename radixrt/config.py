@@ -15,6 +15,13 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 TOOL_CALL_PARSERS = ("hermes", "qwen25", "llama3")  # radixrt/server/tool_calls.py
+CHAT_TEMPLATE_NAMES = (  # radixrt/server/chat_templates.py
+    "chatml", "qwen", "qwen2-vl", "llama-2", "llama-3-instruct", "llama-4", "mistral", "gemma-it", "vicuna_v1.1",
+    "internlm2-chat", "phi-4-mm",
+)
+SAMPLING_DEFAULTS = ("model", "openai")
+# SGLang's names for our attention backends (kernels/registry.py), normalized at construction
+ATTENTION_BACKEND_ALIASES = {"torch_native": "torch"}
 
 
 def _arg(default: Any, help: str) -> Any:
@@ -23,8 +30,14 @@ def _arg(default: Any, help: str) -> Any:
 
 @dataclass(frozen=True)
 class ServerArgs:
-    model_path: str = _arg(None, "directory of a Hugging Face checkpoint (config.json, *.safetensors, tokenizer)")
-    tokenizer_path: str | None = _arg(None, "tokenizer directory (default: model_path)")
+    model_path: str = _arg(
+        None, "directory of a Hugging Face checkpoint (config.json, *.safetensors, tokenizer), or a Hugging Face repo id "
+        "found in the Hugging Face cache (HF_HUB_CACHE) or downloaded into it unless HF_HUB_OFFLINE is set"
+    )
+    tokenizer_path: str | None = _arg(None, "tokenizer directory or Hugging Face repo id (default: model_path)")
+    revision: str | None = _arg(
+        None, "branch, tag or commit of the Hugging Face repo ids given as model_path and tokenizer_path (default: main)"
+    )
     served_model_name: str | None = _arg(None, "model name in the OpenAI API (default: model_path)")
     host: str = _arg("127.0.0.1", "HTTP host to bind (launch_server)")
     port: int = _arg(30000, "HTTP port to bind (launch_server)")
@@ -44,7 +57,10 @@ class ServerArgs:
     graceful_shutdown_timeout: float = _arg(
         30.0, "on SIGTERM, seconds in-flight requests may take to finish before they get a 503"
     )
-    dtype: str = _arg("auto", "weights and activations dtype: auto (from config.json), float32, bfloat16, float16")
+    dtype: str = _arg(
+        "auto", "weights and activations dtype: float32, bfloat16, float16 or auto: config.json's, except that a float32 "
+        "checkpoint runs in float16 on CUDA (bfloat16 for Gemma), as in SGLang; on CPU config.json's"
+    )
     device: str = _arg("auto", "cpu, cuda or auto (cuda when available)")
     context_length: int | None = _arg(None, "maximum tokens per sequence (default: the model's max_position_embeddings)")
     page_size: int = _arg(1, "tokens per KV page")
@@ -56,7 +72,10 @@ class ServerArgs:
     max_running_requests: int = _arg(256, "maximum requests in the running batch")
     schedule_policy: str = _arg("lpm", "admission order: lpm (longest cached prefix first) or fcfs")
     disable_radix_cache: bool = _arg(False, "do not reuse KV across requests (every prompt is computed in full)")
-    chat_template: str | None = _arg(None, "a Jinja chat template file used instead of the tokenizer's own")
+    chat_template: str | None = _arg(
+        None, "the chat template used instead of the tokenizer's own: a Jinja file, or one of SGLang's template names "
+        f"({', '.join(CHAT_TEMPLATE_NAMES)})"
+    )
     tool_call_parser: str | None = _arg(
         None, "how /v1/chat/completions finds tool calls in the model's text: hermes, qwen25 or llama3"
     )
@@ -66,7 +85,15 @@ class ServerArgs:
     constrained_json_disable_any_whitespace: bool = _arg(
         False, "JSON-schema constraints allow no whitespace between tokens (compact JSON) instead of any"
     )
-    attention_backend: str | None = _arg(None, "attention kernel: flashinfer (default on CUDA) or torch (default on CPU)")
+    sampling_defaults: str = _arg(
+        "model", "where a chat completion's unset temperature, top_p, top_k, min_p and repetition_penalty come from: "
+        "model (the checkpoint's generation_config.json) or openai (1.0, 1.0, -1, 0.0, 1.0), as in SGLang"
+    )
+    enable_metrics: bool = _arg(False, "accepted for SGLang compatibility: /metrics is always on")
+    dp_size: int = _arg(1, "data-parallel server replicas behind sglang_router (cache_aware) on the public port")
+    attention_backend: str | None = _arg(
+        None, "attention kernel: flashinfer (default on CUDA) or torch (default on CPU; SGLang's name torch_native too)"
+    )
     tp_size: int = _arg(1, "tensor parallel ranks (worker processes; gloo on CPU, NCCL on CUDA)")
     nnodes: int = _arg(1, "nodes the tensor-parallel ranks span (tp_size / nnodes ranks per node)")
     node_rank: int = _arg(0, "this node's index; node 0 runs the scheduler and the HTTP server")
@@ -95,8 +122,16 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if not self.model_path:
             raise ValueError("model_path is required")
-        if self.chat_template is not None and not os.path.isfile(self.chat_template):
-            raise ValueError(f"chat_template {self.chat_template!r} is not a file")
+        if self.chat_template is not None and not (
+            self.chat_template in CHAT_TEMPLATE_NAMES or os.path.isfile(self.chat_template)
+        ):
+            raise ValueError(f"chat_template {self.chat_template!r} is neither a file nor a template name "
+                             f"({', '.join(CHAT_TEMPLATE_NAMES)})")
+        if self.sampling_defaults not in SAMPLING_DEFAULTS:
+            raise ValueError(f"sampling_defaults must be one of {', '.join(SAMPLING_DEFAULTS)}, "
+                             f"got {self.sampling_defaults!r}")
+        if self.attention_backend in ATTENTION_BACKEND_ALIASES:  # frozen: the one rewrite, at construction
+            object.__setattr__(self, "attention_backend", ATTENTION_BACKEND_ALIASES[self.attention_backend])
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}")
         if not 0 <= self.port < 65536:
@@ -139,6 +174,8 @@ class ServerArgs:
     def _check_distributed(self) -> None:
         if self.nnodes < 1:
             raise ValueError(f"nnodes must be >= 1, got {self.nnodes}")
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
         if self.tp_size % self.nnodes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import queue
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterator
 
 from radixrt.config import ServerArgs
@@ -16,25 +17,32 @@ from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateInput
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import BackendDied, TokenizerManager
-from radixrt.server.launcher import Backend, check_checkpoint
+from radixrt.server.launcher import Backend, prepare_checkpoint
 
 PROGRESS_BAR_MIN = 32  # a list at least this long shows a tqdm bar
 
 
+@dataclass(frozen=True)
+class FlushCacheResult:
+    """What Engine.flush_cache did (SGLang's FlushCacheReqOutput): success is False, and message
+    says why, while requests run or wait; the cache is then left as it was."""
+
+    success: bool
+    message: str = ""
+
+
 class Engine:
     def __init__(self, **server_args: Any) -> None:
-        """Raises ValueError for a bad argument or a model_path that is not a local checkpoint
-        directory (before starting anything), StartupError (a RuntimeError) when a process
-        could not start."""
-        self.server_args = ServerArgs.from_kwargs(**server_args)
+        """Raises ValueError for a bad argument or a model_path that is neither a checkpoint
+        directory nor a Hugging Face repo id the cache holds or may download (before starting
+        anything), StartupError (a RuntimeError) when a process could not start."""
+        self.server_args = ServerArgs.from_kwargs(**server_args)  # as given: a repo id stays one
         if self.server_args.node_rank != 0:
             raise ValueError("node_rank > 0 runs only worker ranks: start it with `radixrt launch_server`")
-        check_checkpoint(self.server_args)  # a wrong path raises here, before any process starts
-        self._backend = Backend(self.server_args)
+        local = prepare_checkpoint(self.server_args)  # a wrong path raises here, before any process starts
+        self._backend = Backend(local)
         try:
-            self._manager = TokenizerManager(
-                self.server_args, self._backend.addrs, self._backend.worker, self._backend.check_alive
-            )
+            self._manager = TokenizerManager(local, self._backend.addrs, self._backend.worker, self._backend.check_alive)
         except BaseException:
             self._backend.shutdown(timeout=2.0)
             raise
@@ -152,12 +160,11 @@ class Engine:
         info["context_length"] = self._backend.worker.context_length
         return info
 
-    def flush_cache(self) -> None:
-        """Empty the prefix cache. Raises RuntimeError (saying why) while requests run."""
+    def flush_cache(self) -> FlushCacheResult:
+        """Empty the prefix cache, if no request runs or waits (else success is False)."""
         self._check_open()
         reply = self._manager.flush_cache()
-        if reply.error:
-            raise RuntimeError(reply.error)
+        return FlushCacheResult(reply.error is None, reply.error or "")
 
     # -- lifecycle ---------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from radixrt.cli_args import add_server_args, server_args_from
 from radixrt.config import ServerArgs
-from radixrt.server.launcher import Backend, StartupError, check_checkpoint
+from radixrt.server.launcher import Backend, StartupError, prepare_checkpoint
 
 if TYPE_CHECKING:
     from radixrt.server.http_common import ServerContext
@@ -42,11 +42,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_server(args: ServerArgs) -> int:
+def run_server(args: ServerArgs, local: ServerArgs) -> int:
+    """Serve `args` (as the user gave them: what /get_model_info shows) with processes that run
+    `local` (the same with the checkpoint's local directories, from prepare_checkpoint)."""
     server_class = _uvicorn_server_class()  # imports the HTTP stack before any process starts
     sock = bind(args.host, args.port)
-    backend = Backend(args)
-    ctx = _server_context(args, backend)
+    backend = Backend(local)
+    ctx = _server_context(args, local, backend)
     server = server_class(ctx)
     try:
         asyncio.run(_serve(server, backend, sock))
@@ -61,7 +63,7 @@ def run_server(args: ServerArgs) -> int:
     return 0
 
 
-def _server_context(args: ServerArgs, backend: Backend) -> ServerContext:
+def _server_context(args: ServerArgs, local: ServerArgs, backend: Backend) -> ServerContext:
     """The TokenizerManager over the started backend, in the context the routes share; the
     backend is stopped if the manager fails to start."""
     from radixrt.frontend.tokenizer_manager import TokenizerManager
@@ -71,7 +73,7 @@ def _server_context(args: ServerArgs, backend: Backend) -> ServerContext:
     holder: dict[str, ServerContext] = {}
     metrics = ServerMetrics(lambda: holder["ctx"].manager.stats())
     try:
-        manager = TokenizerManager(args, backend.addrs, backend.worker, backend.check_alive, observer=metrics.observe)
+        manager = TokenizerManager(local, backend.addrs, backend.worker, backend.check_alive, observer=metrics.observe)
     except BaseException:
         backend.shutdown(timeout=2.0)
         raise
@@ -184,19 +186,26 @@ class OneLineParser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 after a clean stop; 2 for a mistake in the command line, found before
-    anything starts (a bad flag or value, a model_path that is not a local checkpoint
-    directory); 1 when a process failed to start or died. Each error is one line on stderr."""
+    anything starts (a bad flag or value, a model_path that is neither a checkpoint directory
+    nor a Hugging Face repo id found or fetched); 1 when a process failed to start or died.
+    Each error is one line on stderr."""
     parser = OneLineParser(prog="radixrt launch_server", description="Serve a model over HTTP.")
     add_server_args(parser)
     ns = parser.parse_args(argv)
     try:
         args = server_args_from(ns)
-        check_checkpoint(args)
+        local = prepare_checkpoint(args)  # a repo id becomes its cached snapshot directory
+        if args.dp_size > 1:
+            from radixrt.server.data_parallel import preflight
+            preflight(args)  # the router is installed; cores or GPUs for every replica
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        return run_server(args) if args.node_rank == 0 else run_worker_node(args)
+        if args.dp_size > 1:
+            from radixrt.server.data_parallel import run_data_parallel
+            return run_data_parallel(args)
+        return run_server(args, local) if args.node_rank == 0 else run_worker_node(local)
     except StartupError as e:  # the child logged the details; its processes are stopped
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 1

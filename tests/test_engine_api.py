@@ -153,3 +153,14 @@ def test_long_list_completes_in_order_without_leaks(engine, llama_path):
     res = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 4, "temperature": 0})
     assert [r["meta_info"]["prompt_tokens"] for r in res] == [len(p) for p in prompts]
     assert_no_page_leak(engine)
+
+
+def test_a_repo_id_the_cache_lacks_fails_before_anything_starts(tmp_path, monkeypatch):
+    """model_path may be a Hugging Face repo id (tests/test_model_source.py serves one); offline and
+    not cached, the Engine refuses it at once, naming the repo, the revision and the cache."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match=f"'radixrt-test/absent'.*revision v3.*{tmp_path}.*HF_HUB_OFFLINE"):
+        radixrt.Engine(model_path="radixrt-test/absent", revision="v3")

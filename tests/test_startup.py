@@ -54,9 +54,10 @@ def test_readme_engine_example_runs_as_a_plain_script(llama_path, tmp_path):
     assert all_gone(processes_with_env(marker)), "a radixrt child outlived the script"
 
 
-def launch(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def launch(*argv: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "radixrt.launch_server", "--port", str(free_port()), *argv]
-    return subprocess.run(cmd, cwd=ROOT / "tests", capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=ROOT / "tests", capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess, code: int, *names: str) -> str:
@@ -73,10 +74,14 @@ def assert_one_line_error(out: subprocess.CompletedProcess, code: int, *names: s
 def test_a_model_path_that_is_not_a_checkpoint_is_one_line_before_anything_starts(case, tmp_path):
     path = {"hub id": "Qwen/Qwen2.5-0.5B-Instruct", "missing dir": str(tmp_path / "nope"),
             "no config.json": str(tmp_path)}[case]
-    out = launch("--model-path", path, timeout=30)
+    # a repo id is looked up in the Hugging Face cache: an empty one, with downloads off
+    hub = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    out = launch("--model-path", path, timeout=30, env=hub)
     line = assert_one_line_error(out, 2, "model_path", path)
     assert len(out.stderr.splitlines()) == 1, out.stderr
     assert ("config.json" if case == "no config.json" else "not a local directory") in line
+    if case == "hub id":
+        assert all(part in line for part in ("revision main", str(tmp_path / "hub"), "HF_HUB_OFFLINE")), line
 
 
 def test_a_bad_tokenizer_path_is_one_line(llama_path, tmp_path):

@@ -1,7 +1,9 @@
 """Backend: starts the worker and scheduler processes, waits for them to be ready,
 notices when one dies, and stops them all. No other module knows how many
-processes exist. check_checkpoint is the preflight both entry points (the server's
-main and the Engine) run before starting anything.
+processes exist. prepare_checkpoint is the preflight both entry points (the server's
+main and the Engine) run before starting anything; the Backend and the tokenizer
+manager take the args it returns (local directories), the user-facing parts keep
+the typed ones.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from pathlib import Path
 import zmq
 
 from radixrt.config import ServerArgs
+from radixrt.frontend.sampling_defaults import model_sampling_defaults
 from radixrt.ipc import Receiver
 from radixrt.messages import ChildFailed, ReadyMsg, SchedulerReady, WorkerReady
+from radixrt.model_source import resolve_model_source
 from radixrt.server import child
 from radixrt.server.worker_env import find_tcmalloc, worker_env
 from radixrt.utils.procs import Addresses
@@ -33,19 +37,14 @@ class StartupError(RuntimeError):
     """A child could not start (its own log says more); the message is one line for the user."""
 
 
-def check_checkpoint(args: ServerArgs) -> None:
-    """Raise ValueError, naming the argument, unless model_path (and tokenizer_path when given)
-    is a local directory; model_path must hold a config.json. Starts nothing."""
-    model = Path(args.model_path).expanduser()
-    if not model.is_dir():
-        raise ValueError(
-            f"model_path {args.model_path!r} is not a local directory "
-            "(radixrt loads checkpoints from disk; download it first)"
-        )
-    if not (model / "config.json").is_file():
-        raise ValueError(f"model_path {args.model_path!r} has no config.json (not a Hugging Face checkpoint directory)")
-    if args.tokenizer_path is not None and not Path(args.tokenizer_path).expanduser().is_dir():
-        raise ValueError(f"tokenizer_path {args.tokenizer_path!r} is not a local directory")
+def prepare_checkpoint(args: ServerArgs) -> ServerArgs:
+    """The args the processes run with: model_path and tokenizer_path as local directories
+    (a Hugging Face repo id resolved through the cache, model_source.py), the model's
+    generation_config.json sampling defaults checked. Starts nothing; raises ValueError
+    naming the argument."""
+    local = resolve_model_source(args)
+    model_sampling_defaults(Path(local.model_path), local.sampling_defaults)  # a bad generation_config.json: here
+    return local
 
 
 def free_port() -> int:

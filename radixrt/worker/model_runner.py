@@ -22,6 +22,7 @@ from radixrt.kernels.flashinfer_backend import FlashInferBackend
 from radixrt.messages import BatchEntry, BatchResult, EntryError, EntryLogprobs, ForwardBatch, KVMove, WorkerReady
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.cpu_matmul import choose_matmul_dtype, hold_linear_weights_in
+from radixrt.models.dtype import resolve_dtype
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
 from radixrt.worker.cuda_graph import DecodeGraphRunner, capture_sizes
@@ -65,7 +66,7 @@ class ModelRunner:
         self.tp = init_tensor_parallel(args, rank, dist_init, device)
         torch.manual_seed(args.random_seed)  # unseeded sampling draws from this
         self.cfg = cfg = ModelConfig.from_dir(args.model_path)
-        dtype = DTYPES[cfg.torch_dtype if args.dtype == "auto" else args.dtype]
+        dtype = DTYPES[resolve_dtype(cfg.torch_dtype, cfg.model_type, device.type, args.dtype)]
         self.context_length = args.context_length or cfg.max_position_embeddings
         if self.context_length > cfg.max_position_embeddings:
             raise ValueError(
@@ -84,12 +85,15 @@ class ModelRunner:
         )
         self.tiers = self._tier_store(args, rank, dtype)
         backend = args.attention_backend or default_attention_backend(device.type)
-        self.attn = create_attention_backend(backend, self.cache, heads, cfg.head_dim, cfg.head_dim**-0.5)
+        self.attn = create_attention_backend(backend, self.cache, heads, cfg.head_dim, cfg.attention_layers())
         self.page_size = args.page_size
         slots = args.max_running_requests
         # page_table[slot, i]: the i-th page of the request on that slot
         self.page_table = torch.zeros(slots, math.ceil(self.context_length / args.page_size) + 1, dtype=torch.int64, device=device)
         self.pages_used = [0] * slots
+        # longrope: a request runs under the short or the long rope factors, as the scheduler says
+        self.long_rope = self.model.rope if self.model.rope.long_from is not None else None
+        self.long_slots = [False] * slots  # per slot, set when its request starts
         self.graphs = self._capture_decode_graphs(args)
         self.sampler = Sampler(slots, cfg.vocab_size, device)
         logger.info("worker ready: %s on %s, %d pages of %d tokens", cfg.model_type, device, num_pages, args.page_size)
@@ -140,6 +144,7 @@ class ModelRunner:
             bytes_per_token=self.bytes_per_token,
             page_bytes=self.bytes_per_token * self.page_size,
             **(self.tiers.describe() if self.tiers is not None else {}),
+            long_prompt_threshold=self.long_rope.long_from if self.long_rope is not None else 0,
         )
 
     @torch.inference_mode()
@@ -204,6 +209,7 @@ class ModelRunner:
         for i, e in enumerate(batch.entries):
             if e.init is not None:
                 self.pages_used[e.slot] = 0
+                self.long_slots[e.slot] = e.init.long_rope
                 why = self._start_slot(e)
                 if why is not None:
                     failed[i] = why
@@ -244,4 +250,7 @@ class ModelRunner:
         page_table = self.page_table[slots, :max_pages]  # [B, max_pages]
         ps = self.page_size
         out_slots = page_table[req_of_row, positions // ps] * ps + positions % ps  # [T]
+        if self.long_rope is not None:  # the model reads rope table rows: short or long factors per request
+            long = torch.tensor([self.long_slots[e.slot] for e in entries], dtype=torch.bool, device=dev)
+            positions = self.long_rope.table_rows(positions, long[req_of_row])
         return AttentionMetadata(qo_lens, kv_lens, page_table, out_slots, ps), input_ids, positions

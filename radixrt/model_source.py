@@ -1,0 +1,135 @@
+"""Where the checkpoint comes from: a local directory, or a Hugging Face repo id.
+
+As in SGLang, `--model-path` (and `--tokenizer-path`) names either an existing
+directory, used as it is, or a repo id at `--revision` (a branch, tag or
+commit; default main). A repo id is looked up in the local Hugging Face cache
+first (HF_HUB_CACHE / HF_HOME) and downloaded into it only when that fails and
+downloads are allowed (HF_HUB_OFFLINE unset). `resolve_model_source` does this
+once, before any process starts: the processes get local directories, while
+what users see (the /get_model_info model_path, the OpenAI model name) stays
+what they typed, because the entry points keep the typed ServerArgs for that.
+
+A cached snapshot must be whole: a model's holds config.json and safetensors
+weights (a cache that only ever served AutoConfig has config.json alone), a
+tokenizer's its tokenizer files; a partial one is completed by a download or
+refused, naming what it lacks. A local directory needs only config.json here;
+the worker's loader names what else is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from radixrt.config import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# What a download fetches: config and generation config, weights, tokenizer files, chat templates.
+MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+TOKENIZER_FILES = ["*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+# Other layouts of the same weights some repos also carry (Meta's original/, Mistral's consolidated).
+SKIPPED_FILES = ["original/*", "consolidated*.safetensors"]
+TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+@dataclass(frozen=True)
+class Hub:
+    """Where repo ids are looked up: the cache directory, and whether a miss may download."""
+
+    cache_dir: Path
+    offline: bool
+
+    @classmethod
+    def from_env(cls) -> Hub:
+        from huggingface_hub import constants
+
+        return cls(Path(constants.HF_HUB_CACHE), bool(constants.HF_HUB_OFFLINE))
+
+
+def resolve_model_source(args: ServerArgs, hub: Hub | None = None) -> ServerArgs:
+    """The ServerArgs the processes run with: model_path and tokenizer_path as local
+    directories, served_model_name fixed to the name the user gave. Starts nothing;
+    raises ValueError naming the argument, the repo id, the revision and the cache."""
+    hub = hub or Hub.from_env()
+    model = local_dir(args.model_path, args.revision, "model_path", checkpoint_gap, MODEL_FILES, hub)
+    tokenizer = None
+    if args.tokenizer_path is not None:
+        tokenizer = local_dir(args.tokenizer_path, args.revision, "tokenizer_path", tokenizer_gap, TOKENIZER_FILES, hub)
+    return dataclasses.replace(
+        args, model_path=str(model), tokenizer_path=None if tokenizer is None else str(tokenizer),
+        served_model_name=args.model_name,
+    )
+
+
+def local_dir(name: str, revision: str | None, what: str, gap: Callable[[Path], str | None],
+              patterns: list[str], hub: Hub) -> Path:
+    """A local directory for `name`: the directory itself, or the repo's cached (or downloaded) snapshot."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if what == "model_path" and not (path / "config.json").is_file():
+            raise ValueError(f"{what} {name!r} has no config.json (not a Hugging Face checkpoint directory)")
+        if revision is not None:
+            logger.warning("%s %s is a local directory: --revision %s does not apply to it", what, name, revision)
+        return path.resolve()
+    if not _is_repo_id(name):
+        raise ValueError(f"{what} {name!r} is not a local directory (nor a Hugging Face repo id)")
+    return _snapshot(name, revision, what, gap, patterns, hub)
+
+
+def checkpoint_gap(snapshot: Path) -> str | None:
+    """What a cached model snapshot lacks to be served, or None."""
+    if not (snapshot / "config.json").is_file():
+        return "has no config.json"
+    if not any(snapshot.glob("*.safetensors")):
+        return "has no *.safetensors weights"
+    return None
+
+
+def tokenizer_gap(snapshot: Path) -> str | None:
+    """What a cached tokenizer snapshot lacks, or None."""
+    if not any((snapshot / f).is_file() for f in TOKENIZER_MARKERS):
+        return f"has none of {', '.join(TOKENIZER_MARKERS)}"
+    return None
+
+
+def _is_repo_id(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _snapshot(repo: str, revision: str | None, what: str, gap: Callable[[Path], str | None],
+              patterns: list[str], hub: Hub) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    where = f"{what} {repo!r} is not a local directory; as a Hugging Face repo id at revision {revision or 'main'}"
+    try:
+        cached = Path(snapshot_download(repo, revision=revision, cache_dir=hub.cache_dir, local_files_only=True))
+        missing = gap(cached)
+    except LocalEntryNotFoundError:
+        cached, missing = None, None
+    if cached is not None and missing is None:
+        return cached
+    found = f"its cached snapshot {cached} {missing}" if cached is not None else f"it is not in the cache {hub.cache_dir}"
+    if hub.offline:
+        raise ValueError(f"{where}, {found}, and downloads are off (HF_HUB_OFFLINE is set)")
+    logger.info("downloading %s (revision %s) into %s", repo, revision or "main", hub.cache_dir)
+    try:
+        downloaded = Path(snapshot_download(repo, revision=revision, cache_dir=hub.cache_dir,
+                                            allow_patterns=patterns, ignore_patterns=SKIPPED_FILES))
+    except Exception as e:  # noqa: BLE001 - network, auth, unknown repo or revision: all end the start, named
+        reason = " ".join(str(e).split())  # the Hub's messages span lines; the start error is one
+        raise ValueError(f"{where}, {found}, and downloading it failed: {type(e).__name__}: {reason}") from None
+    missing = gap(downloaded)
+    if missing is not None:
+        raise ValueError(f"{where}, the downloaded snapshot {downloaded} {missing}")
+    return downloaded
