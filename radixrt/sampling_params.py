@@ -7,14 +7,20 @@ user input becomes parameters (the HTTP door decodes straight into
 `SamplingParamsIn`, the Engine converts its dict into one); it raises
 `RequestError` naming the offending field. The resulting `SamplingParams`
 crosses process boundaries unchanged (it is a msgspec Struct).
+
+Also here, because every request schema uses it: the rule for fields SGLang
+accepts that this server cannot honour (`refuse_unsupported`): SGLang's default
+or an empty value asks for nothing and is accepted; any other value is a 400
+naming the field. Each schema lists such fields in one table with their defaults.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Mapping, Union
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from radixrt.errors import RequestError, from_validation
 
@@ -23,17 +29,21 @@ GREEDY_TEMPERATURE = 1e-5
 # What msgpack (our wire format) can carry; a larger int is a client error, never an encode crash.
 Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
-# Fields SGLang accepts that we cannot honour yet: a non-empty value is an error,
-# never a silently unconstrained answer.
-UNSUPPORTED_FIELDS = ("stop_regex", "structural_tag", "custom_params", "logit_bias")
+# SGLang 0.5.9's sampling fields this server cannot honour yet, with SGLang's defaults: a value
+# other than that (or empty) is an error, never a silently unconstrained answer.
+UNSUPPORTED_FIELDS: dict[str, Any] = {"stop_regex": None, "structural_tag": None, "custom_params": None,
+                                      "logit_bias": None}
+# Values that ask for nothing, whatever a field's default: SGLang's clients send these for "unset".
+EMPTY_VALUES: tuple[Any, ...] = (None, False, 0, "", [], {})
 CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")  # a grammar the output must follow; at most one
 
 
 class SamplingParamsIn(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """sampling_params as a client sends them; every field optional."""
 
-    max_new_tokens: NonNegInt | None = None
-    max_tokens: NonNegInt | None = None  # vLLM / OpenAI spelling of max_new_tokens
+    # Absent: the default (128); null: until a stop or the context limit (SGLang's two meanings).
+    max_new_tokens: NonNegInt | None | UnsetType = UNSET
+    max_tokens: NonNegInt | None | UnsetType = UNSET  # vLLM / OpenAI spelling of max_new_tokens
     min_new_tokens: NonNegInt | None = None
     stop: Union[str, list[str], None] = None
     stop_token_ids: list[NonNegInt] | None = None
@@ -63,7 +73,9 @@ class SamplingParamsIn(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
 
 
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    max_new_tokens: int = 128
+    # None: until a stop or the context limit; the frontend resolves it against the prompt
+    # (TokenizerManager), so the scheduler always sees a number.
+    max_new_tokens: int | None = 128
     min_new_tokens: int = 0
     stop: list[str] = []
     stop_token_ids: list[int] = []
@@ -100,10 +112,10 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @classmethod
     def from_input(cls, sp: SamplingParamsIn) -> SamplingParams:
-        for key in UNSUPPORTED_FIELDS:
-            if getattr(sp, key):  # an empty constraint (SGLang's client sends stop_regex=[]) asks for nothing
-                raise RequestError(f"sampling_params.{key} is not supported by this server yet", key)
-        fields = {k: v for k, v in msgspec.structs.asdict(sp).items() if v is not None and k not in UNSUPPORTED_FIELDS}
+        refuse_unsupported(sp, UNSUPPORTED_FIELDS, "sampling_params.")  # SGLang's client sends stop_regex=[]
+        fields = {k: v for k, v in msgspec.structs.asdict(sp).items()
+                  if v is not UNSET and (v is not None or k in ("max_new_tokens", "max_tokens"))
+                  and k not in UNSUPPORTED_FIELDS}
         for key in CONSTRAINT_FIELDS:
             if fields.get(key) == "":  # an empty constraint asks for nothing, as above
                 del fields[key]
@@ -111,7 +123,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         for alias, name in (("max_tokens", "max_new_tokens"), ("sampling_seed", "seed")):
             if alias in fields:
                 value = fields.pop(alias)
-                fields.setdefault(name, value)
+                if fields.get(name) is None:  # max_new_tokens null beside max_tokens 8: the number wins
+                    fields[name] = value
         if isinstance(fields.get("stop"), str):
             fields["stop"] = [fields["stop"]]
         if fields.get("top_k") == 0:
@@ -129,11 +142,11 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             _require(math.isfinite(getattr(self, name)), name, "must be a finite number", getattr(self, name))
         # SamplingParamsIn's types guarantee these at the door; a struct built or decoded elsewhere
         # (the scheduler re-checks what it receives) is held to the same rules.
-        _require(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0", self.max_new_tokens)
         _require(self.min_new_tokens >= 0, "min_new_tokens", "must be >= 0", self.min_new_tokens)
-        _require(
-            self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "must be <= max_new_tokens", self.min_new_tokens
-        )
+        if self.max_new_tokens is not None:
+            _require(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0", self.max_new_tokens)
+            _require(self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "must be <= max_new_tokens",
+                     self.min_new_tokens)
         _require(self.temperature >= 0, "temperature", "must be >= 0", self.temperature)
         _require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
         _require(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (off) or >= 1", self.top_k)
@@ -164,6 +177,24 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def has_penalties(self) -> bool:
         return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
+
+
+def is_default(value: Any, default: Any) -> bool:
+    """Whether value asks for nothing: SGLang's default, an empty value, or a list (one value
+    per prompt) of such values."""
+    if isinstance(value, list) and value and all(is_default(v, default) for v in value):
+        return True
+    return value is UNSET or value == default or value in EMPTY_VALUES
+
+
+def refuse_unsupported(obj: Any, table: Mapping[str, Any], prefix: str = "") -> None:
+    """RequestError naming the first field of `table` (name -> SGLang's default) whose value on
+    obj asks for something this server cannot do."""
+    for name, default in table.items():
+        value = getattr(obj, name)
+        if not is_default(value, default):
+            raise RequestError(f"{prefix}{name} is not supported by this server (send {default!r} or leave it out), "
+                               f"got {value!r}"[:300], name)
 
 
 def _require(ok: bool, field: str, rule: str, value: Any) -> None:

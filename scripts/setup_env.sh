@@ -23,7 +23,7 @@ stamp=.venv/.radixrt-installed
 want="$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1) $torch_req"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check "$torch_req"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[srt,dev]"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[srt,dev,router]"
   # SGLang's frontend, for the compatibility tests only: without its runtime dependencies
   # (those would pull a second torch and CUDA); its frontend's own imports come with [dev].
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "sglang==0.5.9"

@@ -87,7 +87,7 @@ BAD = [
     ("/generate", {"text": "hi", "stream": True, "sampling_params": {"regex": "(a)\\1"}}, "Backreference"),
     ("/generate", {"text": "hi", "image_data": "x.png"}, "image_data"),
     ("/generate", {"text": "hi", "bogus": 1}, "bogus"),
-    ("/v1/completions", {"model": "no-such-model", "prompt": "hi"}, "does not exist"),
+    ("/v1/completions", {"prompt": "hi", "echo": True}, "echo"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, "max_tokens"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": -2}, "temperature"),
@@ -170,8 +170,8 @@ def test_openai_client(server):
     parts = [ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
         model=model, messages=messages, max_tokens=10, temperature=0, stream=True) if ch.choices]
     assert "".join(parts) == chat.choices[0].message.content
-    with pytest.raises(openai.NotFoundError):
-        client.completions.create(model="nope", prompt="x")
+    # as in SGLang, the model name is not checked: the answer names what was asked for
+    assert client.completions.create(model="nope", prompt="x", max_tokens=1).model == "nope"
 
 
 def test_a_client_that_disconnects_mid_stream_gives_its_pages_back(server):

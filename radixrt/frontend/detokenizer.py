@@ -2,6 +2,11 @@
 
 Streams hold back any tail that could still become a stop string, so the
 chunks a client joins always equal the final text.
+
+skip_special_tokens and spaces_between_special_tokens go to the tokenizer's
+decode, as SGLang's detokenizer passes them: a tokenizer that honours the
+latter (transformers 4's Python tokenizers put spaces around added tokens)
+does; fast (Rust) tokenizers ignore it, in SGLang as here.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ class IncrementalDetokenizer:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(
-            ids, skip_special_tokens=self.params.skip_special_tokens, clean_up_tokenization_spaces=False
+            ids, skip_special_tokens=self.params.skip_special_tokens, clean_up_tokenization_spaces=False,
+            spaces_between_special_tokens=self.params.spaces_between_special_tokens,
         )
 
     def update(self, ids: list[int]) -> str:

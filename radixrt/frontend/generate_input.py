@@ -8,6 +8,11 @@ one object for all or a list with one per prompt; per-item or shared logprob
 options; `n` parallel samples expanded into n requests (at most max_n).
 Everything is validated before anything is sent, so a bad item fails the
 whole call and nothing of it runs.
+
+Every field of SGLang 0.5.9's GenerateReqInput is accepted (tests/test_sglang_fields.py
+reads them from SGLang's source): those this server cannot honour are listed
+in UNSUPPORTED_FIELDS with SGLang's default (any other value is a 400 naming
+the field), those that change nothing in the answer in IGNORED_FIELDS.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Annotated, Any, Union
 import msgspec
 
 from radixrt.errors import RequestError, from_validation
-from radixrt.sampling_params import Int64, NonNegInt, SamplingParams, SamplingParamsIn
+from radixrt.sampling_params import Int64, NonNegInt, SamplingParams, SamplingParamsIn, refuse_unsupported
 
 DEFAULT_MAX_N = 128
 TokenIds = list[NonNegInt]
@@ -37,23 +42,81 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     top_logprobs_num: Union[NonNegInt, list[NonNegInt], None] = None
     return_text_in_logprobs: bool = False
     stream: bool = False
-    log_metrics: bool = True
+    log_metrics: bool = True  # false: the request is left out of /metrics (health probes)
+    # The prefix-cache namespace is cache_salt + extra_key (concatenated, as SGLang's OpenAI routes
+    # combine them); cache_salt is radixrt's native spelling, extra_key SGLang's.
     cache_salt: Union[Salt, list[Salt], None] = None
-    extra_key: Union[Salt, list[Salt], None] = None  # SGLang's other name for the cache namespace
-    # SGLang fields this server cannot honour: any value but null (or false) is a 400 naming the field.
+    extra_key: Union[Salt, list[Salt], None] = None
+    # Not SGLang's field, but sglang-router adds it to what it forwards (and SGLang's /generate drops
+    # unknown fields): accepted, and it selects nothing (one model per server).
+    model: Any = None
+    # SGLang's fields this server does not honour: see UNSUPPORTED_FIELDS and IGNORED_FIELDS.
+    input_embeds: Any = None
     image_data: Any = None
     video_data: Any = None
     audio_data: Any = None
-    input_embeds: Any = None
-    lora_path: Any = None
-    session_params: Any = None
-    custom_logit_processor: Any = None
-    return_hidden_states: Any = None
     token_ids_logprob: Any = None
+    return_hidden_states: Any = False
+    return_routed_experts: Any = False
+    routed_experts_start_len: Any = 0
+    modalities: Any = None
+    session_params: Any = None
+    lora_path: Any = None
+    lora_id: Any = None
+    custom_logit_processor: Any = None
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+    bootstrap_pair_key: Any = None
+    decode_tp_size: Any = None
+    require_reasoning: Any = False
+    data_parallel_rank: Any = None
+    background: Any = False
+    return_bytes: Any = False
+    return_entropy: Any = False
+    need_wait_for_image: Any = None
+    num_items_assigned: Any = None
+    max_dynamic_patch: Any = None
+    min_dynamic_patch: Any = None
+    image_max_dynamic_patch: Any = None
+    video_max_dynamic_patch: Any = None
+    http_worker_ipc: Any = None
+    conversation_id: Any = None
+    priority: Any = None
+    routing_key: Any = None
+    no_logs: Any = False
+    custom_labels: Any = None
+    external_trace_header: Any = None
+    validation_time: Any = None
+    received_time: Any = None
+    received_time_perf: Any = None
 
 
-UNSUPPORTED_FIELDS = ("image_data", "video_data", "audio_data", "input_embeds", "lora_path", "session_params",
-                      "custom_logit_processor", "return_hidden_states", "token_ids_logprob")
+# SGLang 0.5.9 GenerateReqInput fields this server cannot honour, with SGLang's defaults:
+# that value (or an empty one) is accepted, anything else is a 400 naming the field.
+UNSUPPORTED_FIELDS: dict[str, Any] = {
+    "input_embeds": None, "image_data": None, "video_data": None, "audio_data": None, "token_ids_logprob": None,
+    "return_hidden_states": False, "return_routed_experts": False, "routed_experts_start_len": 0,
+    "modalities": None, "session_params": None, "lora_path": None, "lora_id": None, "custom_logit_processor": None,
+    "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None, "bootstrap_pair_key": None,
+    "decode_tp_size": None, "require_reasoning": False, "data_parallel_rank": None, "background": False,
+    "return_bytes": False, "return_entropy": False, "need_wait_for_image": None, "num_items_assigned": None,
+    "max_dynamic_patch": None, "min_dynamic_patch": None, "image_max_dynamic_patch": None,
+    "video_max_dynamic_patch": None, "http_worker_ipc": None,
+}
+# Fields whose value changes nothing in the answer (here, and in SGLang as launched by default):
+# accepted with any value. Field -> why.
+IGNORED_FIELDS: dict[str, str] = {
+    "conversation_id": "tracking only",
+    "priority": "no priority scheduling (SGLang without --enable-priority-scheduling ignores it too)",
+    "routing_key": "no routing-key schedule policy (SGLang ignores it under any other policy)",
+    "no_logs": "this server never logs request contents",
+    "custom_labels": "no custom metric labels (SGLang ignores them unless allowed by a server flag)",
+    "external_trace_header": "no request tracing (SGLang ignores it unless tracing is on)",
+    "validation_time": "the server's own timestamps (SGLang overwrites them)",
+    "received_time": "the server's own timestamps (SGLang overwrites them)",
+    "received_time_perf": "the server's own timestamps (SGLang overwrites them)",
+}
 
 
 @dataclass(frozen=True)
@@ -68,6 +131,7 @@ class GenerateItem:
     return_text_in_logprobs: bool
     cache_salt: str | None
     max_tokens_given: bool = True  # the client set max_new_tokens (checked against the context, as SGLang does)
+    log_metrics: bool = True
 
 
 @dataclass(frozen=True)
@@ -86,9 +150,7 @@ class GenerateInput:
 
     @classmethod
     def from_request(cls, req: GenerateRequest, max_n: int = DEFAULT_MAX_N) -> GenerateInput:
-        for name in UNSUPPORTED_FIELDS:
-            if getattr(req, name) not in (None, False):
-                raise RequestError(f"{name} is not supported by this server", name)
+        refuse_unsupported(req, UNSUPPORTED_FIELDS)
         prompts, ids, is_batch = _prompts(req.text, req.input_ids)
         n = len(prompts if prompts is not None else ids)
         raw_params = _per_item(req.sampling_params, n, "sampling_params")
@@ -104,17 +166,30 @@ class GenerateInput:
         lps = _per_item(req.return_logprob, n, "return_logprob")
         starts = _per_item(req.logprob_start_len, n, "logprob_start_len")
         tops = _per_item(req.top_logprobs_num, n, "top_logprobs_num")
-        salts = _per_item(req.cache_salt if req.cache_salt is not None else req.extra_key, n, "cache_salt")
+        salts = [cache_namespace(a, b) for a, b in zip(_per_item(req.cache_salt, n, "cache_salt"),
+                                                       _per_item(req.extra_key, n, "extra_key"))]
         items = []
         for i in range(n):
-            given = raw_params[i] is not None and (raw_params[i].max_new_tokens is not None or raw_params[i].max_tokens is not None)
             for k in range(params[i].n):
                 items.append(GenerateItem(
                     prompts[i] if prompts is not None else None, ids[i] if ids is not None else None,
                     _nth_sample(params[i], k), _nth_rid(rids[i], params[i].n, k), bool(lps[i]),
-                    starts[i], tops[i] or 0, req.return_text_in_logprobs, salts[i], given,
+                    starts[i], tops[i] or 0, req.return_text_in_logprobs, salts[i], _max_tokens_given(raw_params[i]),
+                    req.log_metrics,
                 ))
         return cls(items, is_batch)
+
+
+def cache_namespace(cache_salt: str | None, extra_key: str | None) -> str | None:
+    """SGLang's rule (serving_base._compute_extra_key): the non-empty ones of cache_salt and
+    extra_key, concatenated in that order; None when both are empty."""
+    parts = [p for p in (cache_salt, extra_key) if p]
+    return "".join(parts) if parts else None
+
+
+def _max_tokens_given(sp: SamplingParamsIn | None) -> bool:
+    """Whether the client set max_new_tokens to a number (SGLang checks only those against the context)."""
+    return sp is not None and any(isinstance(v, int) for v in (sp.max_new_tokens, sp.max_tokens))
 
 
 def _prompts(text: Any, input_ids: Any) -> tuple[list[str] | None, list[list[int]] | None, bool]:

@@ -20,6 +20,7 @@ class ReqState:
     notify: Callable[[], None]  # called (from the receiving thread) after every update
     return_logprob: bool = False
     return_text_in_logprobs: bool = False
+    log_metrics: bool = True  # false: the metrics observer never sees it (health probes)
     output_ids: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
     cached_tokens: int = 0
@@ -48,10 +49,11 @@ class ReqState:
             now = time.perf_counter()
             self.first_token_at = self.first_token_at or now
             self.last_token_at = now
-        self.output_ids += out.new_ids
-        self.cached_tokens = out.cached_tokens
+        # NOTE: logprobs before ids: a reader on another thread that sees n output ids finds their logprobs.
         self.output_logprobs += out.output_logprobs
         self.output_top += out.output_top
+        self.output_ids += out.new_ids
+        self.cached_tokens = out.cached_tokens
         if out.input_logprobs is not None:
             self.input_logprobs = out.input_logprobs
             self.input_top = out.input_top

@@ -23,6 +23,7 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import msgspec
@@ -34,6 +35,7 @@ from radixrt.errors import RequestError
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
 from radixrt.frontend.generate_input import GenerateInput, GenerateItem
 from radixrt.frontend.req_state import ReqState
+from radixrt.frontend.sampling_defaults import model_sampling_defaults
 from radixrt.ipc import Receiver, Sender
 from radixrt.messages import (
     AbortRequest,
@@ -84,6 +86,8 @@ class TokenizerManager:
 
         self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+        # generation_config.json's sampling values for chat requests that leave them unset (--sampling-defaults)
+        self.sampling_defaults = model_sampling_defaults(Path(args.model_path), args.sampling_defaults)
         self.context_length = worker.context_length
         self.vocab_size = worker.vocab_size
         self._eos_ids = list(worker.eos_ids)
@@ -156,17 +160,22 @@ class TokenizerManager:
         return out
 
     def _fit_to_context(self, item: GenerateItem, prompt_len: int) -> GenerateItem:
-        """SGLang's rule: an explicit max_new_tokens must fit beside the prompt in the context."""
-        sp = item.sampling
+        """SGLang's rules: max_new_tokens null runs until a stop or the context limit; a number the
+        client gave must fit beside the prompt in the context, else a 400 (with --allow-auto-truncate:
+        cut to what fits). The default (128) is not checked: generation stops at the context anyway."""
+        # NOTE(issue 18): a request under a bounded-KV retention policy keeps only part of its KV,
+        # so the context does not bound it: exempt it here (before both rules) once such policies exist.
+        sp, room = item.sampling, max(0, self.context_length - prompt_len)
+        if sp.max_new_tokens is None:
+            return _with_max_new_tokens(item, room)
         if not item.max_tokens_given or prompt_len + sp.max_new_tokens < self.context_length:
             return item
         if not self.args.allow_auto_truncate:
             raise RequestError(
                 f"the prompt ({prompt_len} tokens) plus max_new_tokens ({sp.max_new_tokens}) exceeds "
-                f"the context length of {self.context_length} tokens", "max_new_tokens")
-        room = max(0, self.context_length - 1 - prompt_len)
-        sampling = msgspec.structs.replace(sp, max_new_tokens=room, min_new_tokens=min(sp.min_new_tokens, room))
-        return dataclasses.replace(item, sampling=sampling)
+                f"the context length of {self.context_length} tokens (--allow-auto-truncate cuts it instead)",
+                "max_new_tokens")
+        return _with_max_new_tokens(item, room)
 
     def _check_item(self, item: GenerateItem) -> None:
         bad = [t for t in item.sampling.stop_token_ids if t >= self.vocab_size]
@@ -222,7 +231,8 @@ class TokenizerManager:
             it = p.item
             rid = it.rid or uuid.uuid4().hex
             detok = IncrementalDetokenizer(self.tokenizer, it.sampling)
-            states.append(ReqState(rid, p.ids, it.sampling, detok, notify, it.return_logprob, it.return_text_in_logprobs))
+            states.append(ReqState(rid, p.ids, it.sampling, detok, notify, it.return_logprob, it.return_text_in_logprobs,
+                                   log_metrics=it.log_metrics))
             msgs.append(TokenizedRequest(rid, p.ids, it.sampling, it.return_logprob, p.logprob_start,
                                          it.top_logprobs_num, it.cache_salt))
         with self._lock:
@@ -328,7 +338,7 @@ class TokenizerManager:
                     del self._states[out.rid]
             if state is None:
                 continue
-            if self._observer is not None:
+            if self._observer is not None and state.log_metrics:
                 try:
                     self._observer(state, out)
                 except Exception:  # noqa: BLE001 - metrics must not cost a request its answer
@@ -369,6 +379,11 @@ class TokenizerManager:
         self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._ctx.destroy(linger=0)
+
+
+def _with_max_new_tokens(item: GenerateItem, n: int) -> GenerateItem:
+    sampling = msgspec.structs.replace(item.sampling, max_new_tokens=n, min_new_tokens=min(item.sampling.min_new_tokens, n))
+    return dataclasses.replace(item, sampling=sampling)
 
 
 def _check_unicode(text: str, field: str) -> None:

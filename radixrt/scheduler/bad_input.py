@@ -55,6 +55,8 @@ def request_problem(msg: TokenizedRequest, vocab_size: int, context_length: int)
         return f"logprob_start_len: must be in [-1, {len(ids)}), got {msg.logprob_start_len}"
     if msg.top_logprobs_num < 0:
         return f"top_logprobs_num: must be >= 0, got {msg.top_logprobs_num}"
+    if msg.sampling.max_new_tokens is None:  # the frontend turns null into the room left in the context
+        return "max_new_tokens: null must be resolved against the context before it reaches the scheduler"
     try:
         msg.sampling.check()
     except ValueError as e:

@@ -41,10 +41,10 @@ def bearer_matches(header: str | None, key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
-def required_key(path: str, args: ServerArgs) -> str | None:
-    """SGLang's auth levels: health and metrics are open; admin routes take admin_api_key when
-    set, else api_key; every other route takes api_key (when set)."""
-    if path.startswith(OPEN_PREFIXES):
+def required_key(path: str, args: ServerArgs, method: str = "GET") -> str | None:
+    """SGLang's auth levels: every /health* route, /metrics and CORS preflights (OPTIONS) are open;
+    admin routes take admin_api_key when set, else api_key; every other route takes api_key (when set)."""
+    if path.startswith(OPEN_PREFIXES) or method == "OPTIONS":
         return None
     if path in ADMIN_PATHS:
         return args.admin_api_key or args.api_key
@@ -57,7 +57,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        key = required_key(request.url.path, ctx.args)
+        key = required_key(request.url.path, ctx.args, request.method)
         if key and not bearer_matches(request.headers.get("authorization"), key):
             return error_response(ApiError(401, "invalid or missing API key", type="authentication_error"))
         try:

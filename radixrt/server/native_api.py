@@ -58,7 +58,8 @@ def _add_health(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Response:
-        sub = await Submission.start(ctx, GenerateInput.build(input_ids=[0], sampling_params={"max_new_tokens": 1}))
+        probe = GenerateInput.build(input_ids=[0], sampling_params={"max_new_tokens": 1}, log_metrics=False)
+        sub = await Submission.start(ctx, probe)
         try:
             await asyncio.wait_for(sub.wait(request), 20)
         except asyncio.TimeoutError:

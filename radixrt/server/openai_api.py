@@ -9,6 +9,11 @@ the text with --tool-call-parser (tool_calls.py).
 Results take OpenAI's response and stream-chunk shapes; a request that
 failed in the backend is a 5xx (or an error event once a stream has started),
 never a 200 with partial text. Errors use OpenAI's body.
+
+As in SGLang, the `model` field is not checked (the answer names what was
+asked for), chat without max_tokens runs until a stop or the context limit,
+streamed logprobs come per chunk, and stream_options.continuous_usage_stats
+puts the usage so far in every chunk.
 """
 
 from __future__ import annotations
@@ -25,13 +30,18 @@ from fastapi.responses import Response, StreamingResponse
 
 from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateRequest
+from radixrt.frontend.sampling_defaults import with_defaults
 from radixrt.frontend.req_state import ReqState
-from radixrt.sampling_params import SamplingParamsIn
+from radixrt.sampling_params import SamplingParamsIn, refuse_unsupported
+from radixrt.server.chat_templates import named_template
 from radixrt.server.http_common import (
     SSE_DONE, ApiError, ServerContext, Submission, body_schema, error_body, failure, generate_input, json_response,
     read_typed, sse
 )
-from radixrt.server.schemas import RESPONSE_FORMAT_TYPES, ChatCompletionRequest, CompletionRequest, OpenAISampling
+from radixrt.server.schemas import (
+    CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, RESPONSE_FORMAT_TYPES, ChatCompletionRequest, CompletionRequest,
+    OpenAISampling
+)
 from radixrt.server.tool_calls import (
     TOOL_CALL_PARSERS, StreamingToolParser, ToolCall, calls_from_constrained, tool_choice_schema
 )
@@ -43,7 +53,14 @@ SAMPLING_FIELDS = (
     "min_p", "min_tokens", "repetition_penalty", "stop_token_ids", "ignore_eos", "no_stop_trim", "skip_special_tokens",
     "regex", "json_schema", "ebnf",
 )
-COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat leaves it to the sampling default
+COMPLETION_MAX_TOKENS = 16  # OpenAI's (and SGLang's) default for /v1/completions; chat has none
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # SGLang's, in any case
+# apply_chat_template's own arguments: chat_template_kwargs passes template variables, not these
+TEMPLATE_CALL_ARGS = frozenset({
+    "self", "conversation", "conversations", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs", "raise_exception", "strftime_now",
+})
 JSON_OBJECT_SCHEMA = '{"type": "object"}'  # response_format json_object: any JSON object, as in SGLang
 
 
@@ -57,54 +74,52 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/v1/completions", openapi_extra=body_schema("CompletionRequest"))
     async def completions(request: Request) -> Response:
         body: CompletionRequest = await read_typed(ctx, request, CompletionRequest)
-        _check_common(body, ctx)
-        for name, unsupported in (("echo", body.echo), ("suffix", body.suffix), ("best_of", (body.best_of or 1) > 1)):
-            if unsupported:
-                raise ApiError(400, f"{name} is not supported by this server", param=name)
+        refuse_unsupported(body, COMPLETION_UNSUPPORTED)
         text, ids = _split_prompt(body.prompt)
         sampling = _sampling(body, {"max_new_tokens": body.max_tokens if body.max_tokens is not None else COMPLETION_MAX_TOKENS})
         req = GenerateRequest(text=text, input_ids=ids, sampling_params=sampling, return_logprob=body.logprobs is not None,
-                              top_logprobs_num=body.logprobs or 0, return_text_in_logprobs=True, cache_salt=body.cache_salt)
+                              top_logprobs_num=body.logprobs or 0, return_text_in_logprobs=True, rid=body.rid,
+                              cache_salt=body.cache_salt, extra_key=body.extra_key)
         return await _respond(ctx, request, body, req, _completion_choice, body.logprobs is not None)
 
     @app.post("/v1/chat/completions", openapi_extra=body_schema("ChatCompletionRequest"))
     async def chat(request: Request) -> Response:
         body: ChatCompletionRequest = await read_typed(ctx, request, ChatCompletionRequest)
-        _check_common(body, ctx)
+        refuse_unsupported(body, CHAT_UNSUPPORTED)
         if body.top_logprobs and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         tools = ToolMode.of(body, ctx.args.tool_call_parser)
         ids = await ctx.manager.run_off_loop(_chat_ids, ctx, body, tools.rendered)
+        # neither: None, until a stop or the context limit (SGLang's meaning)
         max_new = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         overrides: dict[str, Any] = {"max_new_tokens": max_new}
+        spaces = (body.chat_template_kwargs or {}).get("spaces_between_special_tokens")  # SGLang reads it there
+        if spaces is not None:
+            overrides["spaces_between_special_tokens"] = spaces
         if tools.schema is not None:
             if _response_format_schema(body) is not None:
                 raise ApiError(400, "tool_choice required or a named function constrains the output; "
                                "it cannot take a response_format too", param="tool_choice")
             overrides["json_schema"] = tools.schema
-        sampling = _sampling(body, overrides)
+        named = named_template(ctx.args.chat_template)
+        if named is not None and not body.ignore_eos:  # SGLang adds a named template's stop strings
+            overrides["stop"] = named.stops_with(body.stop)
+        sampling = with_defaults(_sampling(body, overrides), ctx.manager.sampling_defaults)  # generation_config.json's
         req = GenerateRequest(input_ids=ids, sampling_params=sampling, return_logprob=body.logprobs,
-                              top_logprobs_num=body.top_logprobs or 0, return_text_in_logprobs=True,
-                              cache_salt=body.cache_salt)
+                              top_logprobs_num=body.top_logprobs or 0, return_text_in_logprobs=True, rid=body.rid,
+                              cache_salt=body.cache_salt, extra_key=body.extra_key)
         view = ToolChatView(tools) if tools.parses else _chat_choice
         return await _respond(ctx, request, body, req, view, body.logprobs)
 
 
-def _check_common(body: OpenAISampling, ctx: ServerContext) -> None:
-    if body.model is not None and body.model not in (ctx.args.model_name, ctx.args.model_path):
-        raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {ctx.args.model_name!r}",
-                       param="model", type="model_not_found")
-    if body.logit_bias:
-        raise ApiError(400, "logit_bias is not supported by this server", param="logit_bias")
-
-
 def _sampling(body: OpenAISampling, overrides: dict[str, Any]) -> SamplingParamsIn:
+    """The sampling params; max_new_tokens is always set (None: until a stop or the context limit)."""
     fields = {RENAMED.get(k, k): getattr(body, k) for k in SAMPLING_FIELDS}
     schema = _response_format_schema(body)
     if schema is not None:
         fields["json_schema"] = schema
     fields.update(overrides)
-    return SamplingParamsIn(**{k: v for k, v in fields.items() if v is not None})
+    return SamplingParamsIn(**{k: v for k, v in fields.items() if v is not None or k == "max_new_tokens"})
 
 
 def _response_format_schema(body: OpenAISampling) -> str | None:
@@ -146,10 +161,45 @@ def _split_prompt(prompt: Any) -> tuple[Any, Any]:
 
 
 def _chat_ids(ctx: ServerContext, body: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> list[int]:
+    """The prompt's token ids: the messages through the chat template (SGLang's rules for a last
+    assistant message), then the continued message's own tokens if continue_final_message."""
+    messages, prefix = _final_assistant(_template_messages(body), body.continue_final_message)
+    tokenizer = ctx.manager.tokenizer
+    named = named_template(ctx.args.chat_template)  # a name wins over a file, as in SGLang
+    template = _template_file(ctx.args.chat_template) if ctx.args.chat_template and named is None else None
+    if named is None and not template and not getattr(tokenizer, "chat_template", None):
+        raise RequestError("this model has no chat template; use /v1/completions", "messages")
+    kwargs = dict(body.chat_template_kwargs or {})
+    taken = sorted(set(kwargs) & TEMPLATE_CALL_ARGS)
+    if taken:
+        raise RequestError(f"chat_template_kwargs: {', '.join(taken)} are not template variables", "chat_template_kwargs")
+    effort = kwargs.pop("reasoning_effort", None) or body.reasoning_effort  # SGLang lets the kwargs override it
+    try:
+        if named is not None:  # SGLang's conversation templates: their text, encoded as a prompt
+            ids = named.render_ids(tokenizer, messages)
+        else:
+            ids = list(tokenizer.apply_chat_template(messages, tools=tools, chat_template=template, add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False, reasoning_effort=effort, **kwargs))
+    except Exception as e:  # noqa: BLE001 - the template refusing these messages (jinja raise_exception)
+        if type(e).__module__.startswith("jinja2"):
+            raise RequestError(f"the chat template refused these messages: {e}", "messages") from None
+        if kwargs and isinstance(e, (TypeError, ValueError)):  # a variable of the wrong type for this template
+            raise RequestError(f"the chat template failed with these chat_template_kwargs: {e}"[:500],
+                               "chat_template_kwargs") from None
+        raise
+    if prefix:
+        continued = tokenizer.encode(prefix)
+        ids += continued[1:] if continued and continued[0] == tokenizer.bos_token_id else continued
+    return ids
+
+
+def _template_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The messages as the chat template takes them: text parts joined, roles in lower case."""
     flat = []
     for i, m in enumerate(body.messages):
-        if m.role not in ("system", "user", "assistant", "tool"):
-            raise RequestError(f"messages[{i}].role must be system, user, assistant or tool, got {m.role!r}", "messages")
+        role = m.role.lower()
+        if role not in CHAT_ROLES:
+            raise RequestError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {m.role!r}", "messages")
         content = m.content
         if isinstance(content, list):  # content parts: text only
             if any(p.type != "text" or p.text is None for p in content):
@@ -157,23 +207,25 @@ def _chat_ids(ctx: ServerContext, body: ChatCompletionRequest, tools: list[dict[
             content = "".join(p.text for p in content)
         if content is None and not m.tool_calls:
             raise RequestError(f"messages[{i}].content is required", "messages")
-        message: dict[str, Any] = {"role": m.role, "content": content}
+        message: dict[str, Any] = {"role": role, "content": content}
         if m.tool_calls:
             message["tool_calls"] = m.tool_calls
-        if m.tool_call_id is not None:
-            message["tool_call_id"] = m.tool_call_id
+        for key in ("name", "reasoning_content", "tool_call_id"):
+            if getattr(m, key) is not None:
+                message[key] = getattr(m, key)
         flat.append(message)
-    tokenizer = ctx.manager.tokenizer
-    template = _template_file(ctx.args.chat_template) if ctx.args.chat_template else None
-    if not template and not getattr(tokenizer, "chat_template", None):
-        raise RequestError("this model has no chat template; use /v1/completions", "messages")
-    try:
-        return list(tokenizer.apply_chat_template(flat, tools=tools, chat_template=template, add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False))
-    except Exception as e:  # noqa: BLE001 - the template refusing these messages (jinja raise_exception)
-        if type(e).__module__.startswith("jinja2"):
-            raise RequestError(f"the chat template refused these messages: {e}", "messages") from None
-        raise
+    return flat
+
+
+def _final_assistant(messages: list[dict[str, Any]], continue_final: bool) -> tuple[list[dict[str, Any]], str | None]:
+    """SGLang's rule for a conversation that ends with an assistant's text: continue_final_message
+    takes it out of the messages and returns it, to follow the generation prompt as the start of
+    the answer; otherwise it becomes a user message, so that the template ends on a user turn."""
+    if not messages or messages[-1]["role"] != "assistant" or not isinstance(messages[-1]["content"], str):
+        return messages, None
+    if continue_final:
+        return messages[:-1], messages[-1]["content"]
+    return messages[:-1] + [{"role": "user", "content": messages[-1]["content"]}], None
 
 
 @functools.lru_cache(maxsize=2)
@@ -265,7 +317,10 @@ def _usage(states: list[ReqState]) -> dict[str, Any]:
     prompts = {id(s.prompt_ids): s for s in states}
     prompt = sum(len(s.prompt_ids) for s in prompts.values())
     completion = sum(len(s.output_ids) for s in states)
-    cached = sum(s.cached_tokens for s in prompts.values())
+    return _usage_of(prompt, completion, sum(s.cached_tokens for s in prompts.values()))
+
+
+def _usage_of(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
 
@@ -319,10 +374,11 @@ async def _respond(ctx: ServerContext, request: Request, body: OpenAISampling, r
     sub = await Submission.start(ctx, await generate_input(ctx, req))
     chat = view is _chat_choice or isinstance(view, ToolChatView)
     meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": ctx.args.model_name}
+            "model": body.model or ctx.args.model_name}  # what was asked for, as SGLang answers
     if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(_stream(sub, meta, view, logprobs, include_usage), media_type="text/event-stream")
+        options = body.stream_options
+        usage = StreamUsage(bool(options and options.include_usage), bool(options and options.continuous_usage_stats))
+        return StreamingResponse(_stream(sub, meta, view, logprobs, usage), media_type="text/event-stream")
     if not await sub.wait(request):
         raise ApiError(499, "client closed the request")
     sub.check()
@@ -333,17 +389,29 @@ async def _respond(ctx: ServerContext, request: Request, body: OpenAISampling, r
     return json_response({**meta, "object": obj, "choices": choices, "usage": _usage(sub.states)})
 
 
+@dataclass(frozen=True)
+class StreamUsage:
+    """stream_options: where a stream reports usage."""
+
+    at_end: bool  # include_usage: a last chunk with no choices and the whole request's usage
+    per_chunk: bool  # continuous_usage_stats: each chunk carries its choice's usage so far
+
+
 async def _stream(sub: Submission, meta: dict[str, Any], view: ChoiceView, logprobs: bool,
-                  include_usage: bool) -> AsyncIterator[bytes]:
+                  usage: StreamUsage) -> AsyncIterator[bytes]:
     tok = sub.ctx.manager.tokenizer
     chat = view is _chat_choice or isinstance(view, ToolChatView)
     obj = "chat.completion.chunk" if chat else "text_completion"
     n = len(sub.states)
     sent_text, sent_tokens, finished = [""] * n, [0] * n, [False] * n
+
+    def chunk(choice: dict[str, Any], state: ReqState, completion: int) -> bytes:
+        extra = {"usage": _usage_of(len(state.prompt_ids), completion, state.cached_tokens)} if usage.per_chunk else {}
+        return sse({**meta, "object": obj, "choices": [choice], **extra})
+
     if chat:
-        for i in range(n):
-            yield sse({**meta, "object": obj, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                           "finish_reason": None}]})
+        for i, s in enumerate(sub.states):
+            yield chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}, s, 0)
     async for _ in sub.stream():
         failed = next((s.error for s in sub.states if s.error is not None), None)
         if failed is not None:
@@ -359,8 +427,8 @@ async def _stream(sub: Submission, meta: dict[str, Any], view: ChoiceView, logpr
             if not done:  # the view read the state after `done` was: a finish it saw belongs to the next chunk
                 choice["finish_reason"] = None
             sent_text[i], sent_tokens[i], finished[i] = text, end, done
-            yield sse({**meta, "object": obj, "choices": [choice]})
+            yield chunk(choice, s, end)
     else:
-        if include_usage:
+        if usage.at_end:
             yield sse({**meta, "object": obj, "choices": [], "usage": _usage(sub.states)})
     yield SSE_DONE

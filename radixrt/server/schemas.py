@@ -5,12 +5,18 @@ Every body is decoded straight from bytes into one of these msgspec Structs
 the structs' JSON Schemas are what /openapi.json publishes. The native
 /generate body is `GenerateRequest` (it lives beside GenerateInput, which the
 Engine shares). OpenAI names are OpenAI's, plus SGLang's extra sampling fields.
+
+Every field of SGLang 0.5.9's CompletionRequest and ChatCompletionRequest is
+accepted (tests/test_sglang_fields.py reads them from SGLang's source): those
+this server cannot honour are in the *_UNSUPPORTED tables with SGLang's
+default (any other value is a 400 naming the field), those that change
+nothing in the answer in the *_IGNORED tables.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
@@ -20,8 +26,8 @@ from radixrt.sampling_params import Int64, NonNegInt
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: bool | None = False  # a last chunk with the usage of the whole request
+    continuous_usage_stats: bool | None = False  # usage (so far) in every chunk
 
 
 class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
@@ -61,9 +67,11 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
-    cache_salt: Salt | None = None
     response_format: ResponseFormat | None = None
+    rid: Union[str, list[str], None] = None
+    # The prefix-cache namespace: cache_salt + extra_key, concatenated (SGLang's rule)
+    cache_salt: Salt | None = None
+    extra_key: Salt | None = None
     # SGLang's extra sampling fields
     top_k: Int64 | None = None
     min_p: float | None = None
@@ -76,14 +84,30 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    # Fields this server does not honour: see the tables below.
+    logit_bias: Any = None
+    stop_regex: Any = None
+    lora_path: Any = None
+    session_params: Any = None
+    custom_params: Any = None
+    custom_logit_processor: Any = None
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+    data_parallel_rank: Any = None
+    return_hidden_states: Any = False
+    return_routed_experts: Any = False
+    return_cached_tokens_details: Any = False
+    priority: Any = None
 
 
 class CompletionRequest(OpenAISampling, kw_only=True):
     prompt: Union[str, list[Union[str, NonNegInt, list[NonNegInt]]]]
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
-    echo: bool = False
-    suffix: str | None = None
-    best_of: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    echo: Any = False
+    suffix: Any = None
+    best_of: Any = None
+    custom_labels: Any = None
 
 
 class ContentPart(msgspec.Struct):
@@ -92,9 +116,10 @@ class ContentPart(msgspec.Struct):
 
 
 class ChatMessage(msgspec.Struct):
-    role: str  # system, user, assistant or tool
+    role: str  # system, developer, user, assistant, tool or function (any case)
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
+    reasoning_content: str | None = None  # an assistant's earlier reasoning, for templates that show it
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
 
@@ -107,6 +132,44 @@ class ChatCompletionRequest(OpenAISampling, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[str, dict[str, Any], None] = None
     parallel_tool_calls: bool = True  # false: at most one call
+    # The last message is an assistant's: true continues it (its text ends the prompt); false turns
+    # it into a user message (SGLang's rule for templates that must end on a user turn).
+    continue_final_message: bool = False
+    # Extra variables for the chat template (SGLang: spaces_between_special_tokens among them sets
+    # that sampling field); reasoning_effort is passed to the template as well.
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = "medium"
+    separate_reasoning: Any = True
+    stream_reasoning: Any = True
+    max_dynamic_patch: Any = None
+    min_dynamic_patch: Any = None
+
+
+# SGLang 0.5.9's OpenAI fields this server cannot honour, with SGLang's defaults: that value (or an
+# empty one) is accepted, anything else is a 400 naming the field.
+OPENAI_UNSUPPORTED: dict[str, Any] = {
+    "logit_bias": None, "stop_regex": None, "lora_path": None, "session_params": None, "custom_params": None,
+    "custom_logit_processor": None, "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None,
+    "data_parallel_rank": None, "return_hidden_states": False, "return_routed_experts": False,
+    "return_cached_tokens_details": False,
+}
+COMPLETION_UNSUPPORTED: dict[str, Any] = {**OPENAI_UNSUPPORTED, "echo": False, "suffix": None, "best_of": 1}
+CHAT_UNSUPPORTED: dict[str, Any] = {**OPENAI_UNSUPPORTED, "max_dynamic_patch": None, "min_dynamic_patch": None}
+# Fields whose value changes nothing in the answer (here, and in SGLang as launched by default):
+# accepted with any value. Field -> why.
+OPENAI_IGNORED: dict[str, str] = {
+    "user": "an end-user id for the client's own tracking",
+    "priority": "no priority scheduling (SGLang without --enable-priority-scheduling ignores it too)",
+}
+COMPLETION_IGNORED: dict[str, str] = {
+    **OPENAI_IGNORED,
+    "custom_labels": "no custom metric labels (SGLang ignores them unless allowed by a server flag)",
+}
+CHAT_IGNORED: dict[str, str] = {
+    **OPENAI_IGNORED,
+    "separate_reasoning": "no reasoning parser (SGLang without --reasoning-parser ignores it too)",
+    "stream_reasoning": "no reasoning parser (SGLang without --reasoning-parser ignores it too)",
+}
 
 
 class AbortBody(msgspec.Struct, forbid_unknown_fields=True):
