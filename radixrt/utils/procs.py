@@ -65,14 +65,14 @@ def configure_child(args: ServerArgs, name: str, parent_pid: int) -> None:
     """Logging; SIGINT ignored (the launcher stops children, so Ctrl-C reaches the parent
     only); and death with the parent, so a killed parent leaves no orphans."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     logging.basicConfig(
         level=args.log_level.upper(),
         format=f"%(asctime)s {name}[{os.getpid()}] %(levelname)s %(message)s",
     )
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     # NOTE: PR_SET_PDEATHSIG fires when the *thread* that started us exits, so
     # the launcher must start children from a long-lived thread (the main one).
     try:
