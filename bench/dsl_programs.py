@@ -101,11 +101,10 @@ def sgl_answer(s, question: str, documents: list[str]) -> None:
 
 
 def backend_for(frontend: str, url: str) -> Any:
+    # Both frontends fall back to SGLang's "default" template (SYSTEM:/USER: prefixes) for the
+    # tiny model's path; ChatML is the template its tokenizer was built with, so both name it.
     if frontend == "radixrt.lang":
-        return rt.RuntimeEndpoint(url)
-    # NOTE: SGLang's frontend picks its chat template from the model path and falls back to
-    # "default" (SYSTEM:/USER: prefixes); radixrt.lang falls back to ChatML, the template the tiny
-    # model's tokenizer was built with. Naming it here makes both frontends send the same prompts.
+        return rt.RuntimeEndpoint(url, chat_template_name="chatml")
     return sgl.RuntimeEndpoint(url, chat_template_name="chatml")
 
 

@@ -13,14 +13,16 @@
 Modules: ir (expressions), primitives (gen/select/roles), constraints (what
 gen's regex/json_schema/choices/dtype become), executor (a state's thread),
 state (the `s` object and its fork branches), function (run, run_batch),
-backend/ (RuntimeEndpoint over HTTP, Runtime = local server), chat_template,
-scoring (select). It talks to the runtime over HTTP only and never imports torch.
+backend/ (RuntimeEndpoint over HTTP, Runtime = local server), chat_template and
+chat_template_registry (roles, picked by model path as SGLang does), scoring and
+choices (how select scores and decides). It talks to the runtime over HTTP only and never imports torch.
 """
 
 from __future__ import annotations
 
 from .backend import Runtime, RuntimeEndpoint, set_default_backend
 from .chat_template import ChatTemplate
+from .choices import greedy_token_selection, token_length_normalized, unconditional_likelihood_normalized
 from .errors import ProgramError, RuntimeEndpointError
 from .function import Function, function
 from .primitives import assistant, gen, select, system, user
@@ -30,4 +32,5 @@ __all__ = [
     "function", "gen", "select", "system", "user", "assistant",
     "RuntimeEndpoint", "Runtime", "set_default_backend",
     "RuntimeEndpointError", "ProgramError", "ProgramState", "ProgramStateGroup", "Function", "ChatTemplate",
+    "token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized",
 ]

@@ -156,20 +156,23 @@ class StreamExecutor:
     def _role_begin(self, expr: RoleBegin) -> None:
         if self.role is not None:
             raise ProgramError(f"{expr.role} role inside the {self.role} role: roles do not nest")
-        self._append(None, self.template.prefix(expr.role))
+        default_system = self.template.default_system_prompt
+        if default_system and not self.messages and expr.role != "system":  # SGLang's rule: it goes first
+            self._role(Role("system", Text(default_system)))
+        self._append(None, self.template.prefix(expr.role, self.messages))
         self.role, self.role_start = expr.role, len(self.text)
 
     def _role_end(self, expr: RoleEnd) -> None:
         if self.role != expr.role:
             raise ProgramError(f"ending the {expr.role} role, but the open role is {self.role}")
-        self.messages.append({"role": expr.role, "content": self.text[self.role_start:]})
-        self._append(None, self.template.suffix(expr.role))
+        content = self.text[self.role_start:].lstrip()  # SGLang's message drops leading whitespace; the text keeps it
+        self._append(None, self.template.suffix(expr.role, self.messages))  # it sees the turns before this one
+        self.messages.append({"role": expr.role, "content": content})
         self.role = None
 
     def _gen(self, expr: Gen) -> None:
-        params = expr.params.over(self.defaults)
-        if self.role == "assistant":  # the turn ends where the template says, not at max_tokens
-            params = params.with_stop(self.template.stop_str)
+        # SGLang adds the template's end-of-turn strings to every gen, in a role or not, after the gen's own.
+        params = expr.params.over(self.defaults).with_stop(self.template.stop_str)
         if self.stream:
             out = self._gen_streamed(expr.name, params)
         else:
@@ -189,7 +192,7 @@ class StreamExecutor:
         return GenOutput(shown, meta)
 
     def _select(self, expr: Select) -> None:
-        out = self.backend.select(self.text, expr.choices)
+        out = self.backend.select(self.text, expr.choices, expr.method)
         self._append(expr.name, out.choice)
         self._set(expr.name, out.choice, out.meta)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from .choices import ChoicesMethod, token_length_normalized
 from .constraints import at_most_one, check_regex, schema_text
 
 
@@ -71,6 +72,9 @@ class GenParams:
         return replace(defaults, **mine)
 
     def with_stop(self, extra: tuple[str, ...]) -> GenParams:
+        """These settings with `extra` after the stop strings already set (each string once)."""
+        if not extra:
+            return self
         stops = tuple(self.stop or ())
         return replace(self, stop=stops + tuple(s for s in extra if s not in stops))
 
@@ -101,6 +105,7 @@ class Gen(Expr):
 class Select(Expr):
     name: str | None
     choices: tuple[str, ...]
+    method: ChoicesMethod = token_length_normalized
 
 
 @dataclass(frozen=True, eq=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from .choices import ChoicesMethod, token_length_normalized
 from .constraints import at_most_one, dtype_rule
 from .ir import Expr, Gen, GenParams, Role, Select, to_expr
 
@@ -24,19 +25,20 @@ def gen(
     json_schema: dict[str, Any] | str | None = None,
     choices: Sequence[str] | None = None,
     dtype: type | str | None = None,
+    choices_method: ChoicesMethod = token_length_normalized,
 ) -> Gen | Select:
     """Generate text into variable `name`. Unset settings come from run()'s defaults.
 
-    Inside an assistant role the chat template's end-of-turn string is added to `stop`.
+    The chat template's end-of-turn strings are added to `stop` (in every gen, as SGLang does).
     At most one constraint on the output (ValueError otherwise), checked here and enforced by the server:
     `regex` (must compile); `json_schema` (a dict, sent as json.dumps of it, or a JSON string, sent
     unchanged); `dtype` (int, float, bool or str, or its name: a regex from constraints.py; int and
     float also stop at a space or newline); `choices`: the same as `select(name, choices)`, which
-    scores the choices instead of sampling, so the sampling settings do not apply.
+    scores the choices (by `choices_method`) instead of sampling: temperature must be unset or 0.
     """
     at_most_one(regex=regex, json_schema=json_schema, choices=choices, dtype=dtype)
     if choices is not None:
-        return select(name, choices)
+        return select(name, choices, temperature or 0.0, choices_method)
     rule = dtype_rule(dtype) if dtype is not None else None
     params = GenParams.build(
         max_new_tokens=max_tokens, stop=stop, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
@@ -48,12 +50,22 @@ def gen(
     return Gen(name, params)
 
 
-def select(name: str | None = None, choices: Sequence[str] = ()) -> Select:
-    """Append the choice the model finds most likely (mean log-prob per token) and store it in `name`."""
+def select(name: str | None = None, choices: Sequence[str] = (), temperature: float = 0.0,
+           choices_method: ChoicesMethod = token_length_normalized) -> Select:
+    """Append the choice the model finds most likely and store it in `name`.
+
+    Every choice is scored by its prompt logprobs after the text so far (scoring.py) and
+    `choices_method` (choices.py) decides; the default takes the best mean logprob per token.
+    Scoring never samples, so `temperature` is there for SGLang's signature and must be 0.
+    """
     choices = tuple(choices)
     if not choices or not all(isinstance(c, str) and c for c in choices):
         raise ValueError("select needs at least one choice, each a non-empty string")
-    return Select(name, choices)
+    if temperature > 1e-5:
+        raise ValueError(f"select scores every choice and takes the best; it does not sample (temperature={temperature})")
+    if not isinstance(choices_method, ChoicesMethod):
+        raise TypeError(f"choices_method must be one of radixrt.lang's choices methods, got {choices_method!r}")
+    return Select(name, choices, choices_method)
 
 
 def system(content: Any) -> Role:

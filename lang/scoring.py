@@ -1,53 +1,63 @@
-"""How select scores a choice: the mean log-prob of the choice's own tokens.
+"""How select scores one choice: SGLang's frontend arithmetic over the server's prompt logprobs.
 
-The server scores `prefix + choice` as one prompt, so the choice's tokens are
-whatever the tokenizer makes of the joined text. NOTE: at the boundary BPE may
-merge the prefix's last characters with the choice's first (prefix "is ",
-choice "yes" -> one token " yes"). Our rule, deliberately: a token belongs to
-the choice when it covers at least one character of the choice, so a token that
-straddles the boundary counts as the choice's first token (it is the token the
-model must emit to start this choice; dropping it would score a multi-token
-choice on its tail only, and a one-token choice on nothing).
+select first sends the prefix alone (prefill-only), which caches it and tells its
+token count P; then prefix+choice for every choice in one batch, with prompt
+logprobs from position `logprob_start(P)` = max(P - 2, 0) on. For each choice the
+server answers `input_token_logprobs`: one entry [logprob, token id, token text]
+per prompt token from that position on. SGLang's frontend then
 
-We place tokens by their text (the server returns each token's text with
-`return_text_in_logprobs`), walking back from the end of `prefix + choice`.
-When the texts cannot be trusted to line up (a token that is part of a UTF-8
-character decodes to U+FFFD), we fall back to counting: the last
-`max(len(prefix+choice tokens) - len(prefix tokens), 1)` tokens, which is exact
-whenever the boundary did not merge.
+1. averages the entries' logprobs, leaving out the falsy ones (None, and an exact
+   0.0, as SGLang's `if x[0]` does);
+2. "token healing": when the prefix text ends with the first entry's text, that
+   entry is taken back out of the average, `(mean * n - lp) / (n - 1)`, and out of
+   the entries.
+
+NOTE: so the score usually covers the prefix's last token or two as well as the
+choice's own tokens (a radixrt server gives the start position a logprob; an
+SGLang server gives it None, so there only the last prefix token joins in). Those
+tokens are the same for every choice unless BPE merges across the boundary, and
+they weigh more on short choices than on long ones. We keep the rule anyway:
+programs must pick what SGLang's frontend picks on the same server.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 # One input_token_logprobs entry: [logprob or None, token id, token text or None].
 Entry = Sequence[Any]
 
 
-def choice_entries(prefix: str, choice: str, entries: Sequence[Entry], prefix_tokens: int,
-                   full_tokens: int) -> list[Entry]:
-    """The entries (from the server's input_token_logprobs of prefix+choice) that are the choice's tokens."""
-    full = prefix + choice
-    texts = [e[2] for e in entries]
-    if all(isinstance(t, str) and "\ufffd" not in t for t in texts) and full.endswith("".join(texts)):
-        picked, end = [], len(full)
-        for entry in reversed(entries):
-            if end <= len(prefix):  # this token ends inside the prefix: no choice character in it
-                break
-            picked.append(entry)
-            end -= len(entry[2])
-        return picked[::-1]
-    return list(entries[-max(full_tokens - prefix_tokens, 1):])
+def logprob_start(prefix_tokens: int) -> int:
+    """The first prompt position whose logprob the scoring request asks for: two tokens of slack
+    before the boundary, so a choice whose first token merged into the prefix's last is covered."""
+    return max(prefix_tokens - 2, 0)
 
 
-def mean_logprob(entries: Sequence[Entry]) -> float:
-    """Token-length-normalized log-prob; a token with no log-prob (the prompt's first) is left out."""
-    values = [e[0] for e in entries if e[0] is not None]
-    return sum(values) / len(values) if values else -math.inf
+@dataclass(frozen=True)
+class ChoiceScore:
+    normalized: float  # normalized_prompt_logprob
+    entries: list[Entry]  # the entries the score stands for (after the healing step)
 
 
-def best_choice(scores: Sequence[float]) -> int:
-    """Index of the highest score; the earliest choice wins a tie."""
-    return max(range(len(scores)), key=lambda i: (scores[i], -i))
+def normalized_logprob(entries: Sequence[Entry]) -> float:
+    """The mean of the entries' truthy logprobs (SGLang's compute_normalized_prompt_logprobs)."""
+    values = [e[0] for e in entries if e[0]]
+    if not values:
+        raise ValueError(f"no token with a logprob to score in {list(entries)!r}")
+    return sum(values) / len(values)
+
+
+def score_choice(prefix: str, entries: Sequence[Entry]) -> ChoiceScore:
+    """The normalized logprob of one choice from the server's input_token_logprobs of prefix+choice."""
+    mean, entries = normalized_logprob(entries), list(entries)
+    first_lp, first_text = entries[0][0], entries[0][-1]
+    if not (isinstance(first_text, str) and prefix.endswith(first_text)):
+        return ChoiceScore(mean, entries)
+    if first_lp is None:
+        # SGLang's arithmetic fails here (it subtracts None); the entry was never counted, so the mean stands.
+        return ChoiceScore(mean, entries[1:])
+    if len(entries) == 1:
+        raise ValueError(f"the only token to score, {first_text!r}, is part of the prefix")
+    return ChoiceScore((mean * len(entries) - first_lp) / (len(entries) - 1), entries[1:])

@@ -13,6 +13,7 @@ from typing import Any
 LANG_EXPORTS = (
     "function", "gen", "select", "system", "user", "assistant",
     "RuntimeEndpoint", "Runtime", "set_default_backend", "RuntimeEndpointError",
+    "token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized",
 )
 
 __all__ = ["Engine", "ServerArgs", *LANG_EXPORTS]

@@ -17,6 +17,7 @@ import pytest
 
 import radixrt as rt
 from radixrt.lang.constraints import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, dtype_rule
+from radixrt.lang.choices import greedy_token_selection, token_length_normalized
 from radixrt.lang.ir import Select
 
 LETTERS = "[ab]{3}"
@@ -79,9 +80,12 @@ def test_gen_dtype_becomes_a_regex_and_numbers_stop_at_whitespace():
 
 
 def test_gen_with_choices_is_select():
-    made = rt.gen("color", choices=COLORS, temperature=0.5)
-    plain = rt.select("color", COLORS)
-    assert isinstance(made, Select) and (made.name, made.choices) == (plain.name, plain.choices)
+    made = rt.gen("color", choices=COLORS, temperature=0, choices_method=greedy_token_selection)
+    plain = rt.select("color", COLORS, choices_method=greedy_token_selection)
+    assert isinstance(made, Select) and (made.name, made.choices, made.method) == (plain.name, plain.choices, plain.method)
+    assert rt.select("color", COLORS).method is token_length_normalized
+    with pytest.raises(ValueError, match="does not sample"):  # SGLang asserts it when the select runs
+        rt.gen("color", choices=COLORS, temperature=0.5)
     with pytest.raises(ValueError, match="at least one choice"):
         rt.gen("color", choices=[])
 
@@ -130,7 +134,7 @@ def test_request_bodies_carry_the_constraints_exactly():
     letters, obj, count, free = endpoint.generated()
     assert letters == {"max_new_tokens": 8, "temperature": 0, "regex": LETTERS}
     assert obj == {"max_new_tokens": 32, "temperature": 0, "json_schema": json.dumps(SCHEMA)}
-    assert count == {"max_new_tokens": 8, "temperature": 0, "regex": REGEX_INT, "stop": [" ", "\n", "<|im_end|>"]}
+    assert count == {"max_new_tokens": 8, "temperature": 0, "regex": REGEX_INT, "stop": [" ", "\n"]}  # "default" template: no stop_str
     assert free == {"max_new_tokens": 4, "temperature": 0}
     assert state["count"] == "7"
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol, Sequence
 
 from ..chat_template import ChatTemplate
+from ..choices import ChoicesMethod
 from ..ir import GenParams
 
 
@@ -19,7 +20,7 @@ class GenOutput:
 class SelectOutput:
     index: int  # into the choices
     choice: str
-    meta: dict[str, Any]  # normalized_prompt_logprobs, input_token_logprobs (the choices' tokens), ...
+    meta: dict[str, Any]  # normalized_prompt_logprobs, input_token_logprobs, ... (choices.py)
 
 
 class Backend(Protocol):
@@ -40,4 +41,6 @@ class Backend(Protocol):
         """Prefill `prompt` only (no tokens generated) so later requests find it cached; its meta_info."""
         ...
 
-    def select(self, prompt: str, choices: Sequence[str]) -> SelectOutput: ...
+    def select(self, prompt: str, choices: Sequence[str], method: ChoicesMethod) -> SelectOutput:
+        """Score every choice after `prompt` and let `method` pick one."""
+        ...

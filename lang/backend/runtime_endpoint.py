@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Sequence
 
-from ..chat_template import chat_template_for, get_chat_template
+from ..chat_template_registry import chat_template_for, get_chat_template
+from ..choices import ChoicesMethod, ScoredChoices, token_length_normalized
 from ..ir import GenParams
-from ..scoring import best_choice, choice_entries, mean_logprob
+from ..scoring import ChoiceScore, logprob_start, score_choice
 from . import http
 from .base import GenOutput, SelectOutput
 
@@ -60,13 +61,15 @@ class RuntimeEndpoint:
         body = {"text": prompt, "sampling_params": {"max_new_tokens": 0}}
         return self._call("POST", "/generate", body)["meta_info"]
 
-    def select(self, prompt: str, choices: Sequence[str]) -> SelectOutput:
-        """Score each choice by its tokens' mean log-prob after `prompt` (see scoring.py).
+    def select(self, prompt: str, choices: Sequence[str],
+               method: ChoicesMethod = token_length_normalized) -> SelectOutput:
+        """Score each choice after `prompt` by SGLang's requests and arithmetic (scoring.py), then
+        let `method` decide (choices.py).
 
-        First the prefix alone, prefill-only: it lands in the radix cache (so the n scoring
-        requests reuse it) and tells us its length P. Then one batched prefill-only request of
-        prefix+choice, with prompt logprobs from P-2 on: two tokens of slack before the
-        boundary, so a choice whose first token merged into the prefix's last is still covered.
+        First the prefix alone, prefill-only: it lands in the radix cache (so the scoring requests
+        reuse it) and tells its length P. Then one batched prefill-only request of prefix+choice
+        with prompt logprobs from logprob_start(P) on. A method that needs unconditional logprobs
+        gets a third request: each choice's scored token ids alone.
         """
         prefix_tokens = self.cache_prefix(prompt)["prompt_tokens"]
         body = {
@@ -74,20 +77,24 @@ class RuntimeEndpoint:
             "sampling_params": {"max_new_tokens": 0, "temperature": 0},
             "return_logprob": True,
             "return_text_in_logprobs": True,
-            "logprob_start_len": max(prefix_tokens - 2, 0),
+            "logprob_start_len": logprob_start(prefix_tokens),
         }
         outs = [o["meta_info"] for o in self._call("POST", "/generate", body)]
-        tokens = [choice_entries(prompt, c, m["input_token_logprobs"], prefix_tokens, m["prompt_tokens"])
-                  for c, m in zip(choices, outs)]
-        scores = [mean_logprob(t) for t in tokens]
-        best = best_choice(scores)
-        meta = {
-            "normalized_prompt_logprobs": scores,
-            "input_token_logprobs": tokens,  # per choice: the entries counted as its tokens
-            "prompt_tokens": prefix_tokens,
-            "cached_tokens": [m["cached_tokens"] for m in outs],
-        }
-        return SelectOutput(best, choices[best], meta)
+        scores = [score_choice(prompt, m["input_token_logprobs"]) for m in outs]
+        scored = ScoredChoices(
+            choices, [s.normalized for s in scores], [s.entries for s in scores],
+            [m["output_token_logprobs"] for m in outs],
+            self._unconditional(scores) if method.requires_unconditional_logprobs else None)
+        decision = method(scored)
+        meta = {**decision.meta, "prompt_tokens": prefix_tokens, "cached_tokens": [m["cached_tokens"] for m in outs]}
+        return SelectOutput(decision.index, choices[decision.index], meta)
+
+    def _unconditional(self, scores: Sequence[ChoiceScore]) -> list[list[Any]]:
+        """input_token_logprobs of each choice's scored tokens as a prompt of their own (SGLang's
+        request: no logprob_start_len, so the server's default range)."""
+        body = {"input_ids": [[e[1] for e in s.entries] for s in scores],
+                "sampling_params": {"max_new_tokens": 0}, "return_logprob": True}
+        return [o["meta_info"]["input_token_logprobs"] for o in self._call("POST", "/generate", body)]
 
     @staticmethod
     def _gen_body(prompt: str, params: GenParams) -> dict[str, Any]:
