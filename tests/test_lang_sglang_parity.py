@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 import pytest
 
-sgl = pytest.importorskip("sglang")
-import sglang.lang.backend.runtime_endpoint as sgl_endpoint_module  # noqa: E402
-from sglang.lang.chat_template import chat_template_registry, get_chat_template_by_model_path  # noqa: E402
+import sglang as sgl  # setup_env.sh installs SGLang 0.5.9's frontend: missing, this fails
+import sglang.lang.backend.runtime_endpoint as sgl_endpoint_module
+from sglang.lang.chat_template import chat_template_registry, get_chat_template_by_model_path
 
 import radixrt.lang as rt  # noqa: E402
 from radixrt.lang.chat_template_registry import NOT_CARRIED, TEMPLATES, template_name_for  # noqa: E402

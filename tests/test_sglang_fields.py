@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import pytest
 import requests
+import sglang  # setup_env.sh installs SGLang 0.5.9 (frontend and srt sources): missing, this fails
 
 from radixrt.errors import RequestError
 from radixrt.frontend import generate_input
@@ -28,7 +29,6 @@ from radixrt.sampling_params import SamplingParams, SamplingParamsIn, refuse_uns
 from radixrt.server import schemas
 from radixrt.server.schemas import ChatCompletionRequest, CompletionRequest, decode_body
 
-sglang = pytest.importorskip("sglang")
 SRT = Path(sglang.__file__).parent / "srt"
 # SGLang's default -> ours, where we deliberately differ: best_of 1 (OpenAI's default) asks for
 # nothing either, and SGLang's None is accepted as empty.
