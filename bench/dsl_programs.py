@@ -1,18 +1,22 @@
 """Frontend programs against our server: radix cache on vs off, radixrt.lang vs SGLang's own frontend.
 
-Two programs, each written twice:
+The model is the demo model, assets/world-llama (a small Llama trained on the invented world
+of scripts/world.py, "the Vell Valley"), served in float32; both frontends render its prompts
+with the ChatML template it was trained on. Two programs, each written twice:
 
-  tree_of_thought  examples/tree_of_thought.py (fork into 3 branches, a sampled thought and a
-                   yes/no select per branch, then a greedy conclusion), over a list of questions
+  tree_of_thought  examples/tree_of_thought.py: after the system turn, fork one branch per
+                   candidate (ask what they do: an 8-token greedy answer; ask where they live: a
+                   select over the towns), join, and build the conclusion in Python.
+                   Over a list of (town, 3 candidates) items drawn from the world, with run_batch
+  rag              examples/rag_pipeline.py's `answer` (two retrieved town documents in the
+                   prompt, a 12-token greedy answer), over the example's questions plus more
+                   person questions (world.PERSON_QUESTIONS) over the same eight documents,
                    with run_batch
-  rag              examples/rag_pipeline.py's `answer` (two retrieved documents in the prompt, a
-                   48-token greedy answer), over the example's questions plus more about the
-                   same twelve documents, with run_batch
 
 The radixrt.lang versions are the examples' own @rt.function programs, imported; the SGLang
-versions below are line-for-line ports (same text, same max_tokens, stop and temperature) with
-`import sglang as sgl`. Our server speaks SGLang's native API, so SGLang's frontend runs against
-it unchanged.
+versions below are line-for-line ports (same text, same max_tokens and temperature, same select
+choices, the same conclusion computed in Python) with `import sglang as sgl`. Our server speaks
+SGLang's native API, so SGLang's frontend runs against it unchanged.
 
 Configurations, all in one run: a server with the radix cache on, then a fresh one with
 --disable-radix-cache; on each, both programs with both frontends. Each frontend's run_batch gets
@@ -22,19 +26,23 @@ configuration is measured --repeats times (3), the rounds interleaved, and the r
 time is kept.
 
 The frontends do not send exactly the same requests: SGLang's run_batch first traces the program
-and sends its constant prefix (the system turn) as one prefill-only request, so its prompt-token
-count is a little higher; and its select averages log-probs from before the choice's boundary (its
-token healing), ours over the choice's own tokens (lang/scoring.py), so verdicts may differ even
-after equal thoughts.
+and sends its constant prefix (the system turn) as one prefill-only request, so on rag its
+prompt-token count is a little higher. On tree_of_thought it is lower: our fork sends the text so
+far (the system turn) as a prefill-only request in every program, while SGLang's fork tests its
+text before its worker thread has appended the system turn, finds it empty and sends none (seen
+in the requests it sends; the traced prefix stands in). Both score a select's choices with the
+same arithmetic (lang/scoring.py follows SGLang's frontend: the mean prompt logprob from two tokens
+before the boundary, with its token healing), so on equal prompts the selected towns agree too.
 
 Per run: wall time, programs/s, generated tokens/s (the server's generation_tokens counter from
 /metrics, so both frontends are counted the same way), the prompt tokens the server received,
 and the hit rate (cached / prompt tokens, from /get_server_info's counters before and after).
 The ratios printed: cache on / off per frontend, and radixrt.lang / SGLang's frontend on the
-same server. Agreement: the rag answers are greedy, so every run's full program text is compared
-with radixrt.lang's on the cache-on server; tree_of_thought's thoughts are sampled (temperature
-0.8, as in the example) and neither frontend passes a seed, so there only the prompt up to the
-fork is compared.
+same server. Agreement: both programs are greedy, so every run's whole result is compared with
+radixrt.lang's on the cache-on server: for rag the full program text; for tree_of_thought the
+prompt up to the fork (the system turn), each branch's answer and town, and the conclusion.
+A disagreement there means different tokens from the server (or a port that drifted), not
+sampling.
 
 NOTE: the client shares the 2-vCPU dev box with the server (and with other jobs); compare the
 ratios within one run rather than absolute figures across runs.
@@ -46,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import sys
 import time
@@ -55,7 +64,7 @@ from typing import Any, Callable
 
 import requests
 import sglang as sgl
-from common import RESULTS, ROOT, ensure_model, write_result
+from common import RESULTS, ROOT, write_result
 
 import radixrt as rt
 
@@ -64,30 +73,31 @@ sys.path.insert(0, str(ROOT / "examples"))
 from rag_pipeline import QUESTIONS as EXAMPLE_QUESTIONS  # noqa: E402
 from rag_pipeline import answer, load_docs, retrieve  # noqa: E402
 from server_proc import running_server  # noqa: E402
-from tree_of_thought import tree_of_thought  # noqa: E402
+from tree_of_thought import CHAT_TEMPLATE, SYSTEM, TOWNS, tree_of_thought  # noqa: E402
+from world import PERSON_QUESTIONS, load_world  # noqa: E402  (scripts/, put on sys.path by common)
 
+MODEL = ROOT / "assets" / "world-llama"
 FRONTENDS = ("radixrt.lang", "sglang")
-FORK_MARK = "Let me try several approaches.\n"  # the text tree_of_thought forks after
+# tree_of_thought forks right after the system turn: its text, as ChatML renders it, ends the
+# parent's prompt at the fork (and, since join gathers variables only, the parent's whole text).
+FORK_MARK = f"{SYSTEM}<|im_end|>\n"
 SERVER_ARGS = ("--dtype", "float32", "--page-size", "16", "--max-total-tokens", "65536")
 
 # -- the SGLang-frontend ports ------------------------------------------------------------------
 
 
 @sgl.function
-def sgl_tree_of_thought(s, question: str, branches: int = 3) -> None:
-    s += sgl.system("You reason carefully and try more than one approach.")
-    s += sgl.user(question)
-    with s.assistant():
-        s += FORK_MARK
-        forks = s.fork(branches)
-        forks += lambda i: f"Approach {i + 1}: "
-        forks += sgl.gen("thought", max_tokens=32, stop="\n", temperature=0.8)
-        forks += "\nIs this approach sound? " + sgl.select("verdict", ["yes", "no"])
-        forks.join()  # s["thought"], s["verdict"]: one entry per branch
-        # (the example also records forks.prefix_meta, a radixrt.lang extra with no SGLang equivalent)
-        for i, (thought, verdict) in enumerate(zip(s["thought"], s["verdict"])):
-            s += f"Approach {i + 1} ({verdict}): {thought.strip()}\n"
-        s += "Conclusion:" + sgl.gen("conclusion", max_tokens=32, stop="\n", temperature=0)
+def sgl_tree_of_thought(s, town: str, candidates: list[str]) -> None:
+    s += sgl.system(SYSTEM)
+    forks = s.fork(len(candidates))
+    forks += lambda i: sgl.user(f"What does {candidates[i]} do for a living?")
+    forks += sgl.assistant(sgl.gen("thought", max_tokens=8, temperature=0))
+    forks += lambda i: sgl.user(f"Where does {candidates[i]} live?")
+    forks += sgl.assistant(sgl.select("town", TOWNS))
+    forks.join()  # s["thought"], s["town"]: one entry per branch
+    # (the example also records forks.prefix_meta, a radixrt.lang extra with no SGLang equivalent)
+    found = [c for c, lives_in in zip(candidates, s["town"]) if lives_in == town]
+    s["conclusion"] = f"{' and '.join(found) or 'None of them'} {'lives' if len(found) < 2 else 'live'} in {town}."
 
 
 @sgl.function
@@ -97,81 +107,50 @@ def sgl_answer(s, question: str, documents: list[str]) -> None:
         for doc in documents:
             s += f"Document:\n{doc}\n\n"
         s += f"Question: {question}"
-    s += sgl.assistant(sgl.gen("answer", max_tokens=48, temperature=0))
+    s += sgl.assistant(sgl.gen("answer", max_tokens=12, temperature=0))
 
 
 def backend_for(frontend: str, url: str) -> Any:
-    # Both frontends fall back to SGLang's "default" template (SYSTEM:/USER: prefixes) for the
-    # tiny model's path; ChatML is the template its tokenizer was built with, so both name it.
+    # Both frontends would pick SGLang's "default" template (SYSTEM:/USER: prefixes) for the
+    # model's path; it was trained on ChatML, so both name it, as the examples do.
     if frontend == "radixrt.lang":
-        return rt.RuntimeEndpoint(url, chat_template_name="chatml")
-    return sgl.RuntimeEndpoint(url, chat_template_name="chatml")
+        return rt.RuntimeEndpoint(url, chat_template_name=CHAT_TEMPLATE)
+    return sgl.RuntimeEndpoint(url, chat_template_name=CHAT_TEMPLATE)
 
 
 # -- workloads ----------------------------------------------------------------------------------
 
-TOT_QUESTIONS = [
-    "How can a small town reduce food waste?",
-    "How can a library attract more teenage readers?",
-    "How should a family plan a week of cheap, healthy dinners?",
-    "How can a school cut its heating bill in winter?",
-    "How could a city make cycling to work safer?",
-    "How can a community garden share water fairly in a drought?",
-    "How should a small bakery decide what to bake each morning?",
-    "How can a museum keep visitors coming back?",
-    "How can a village keep its only shop open?",
-    "How should a hiking club plan a route for walkers of mixed abilities?",
-    "How can a river town prepare for spring floods?",
-    "How can neighbours reduce noise in a shared building?",
-    "How should a choir choose music for a winter concert?",
-    "How can a farm market draw more shoppers on weekdays?",
-    "How can a new teacher learn thirty names in a week?",
-    "How can an old lighthouse be turned into something useful?",
-]
 
-# The example's eight questions, then about four per document, so retrieval spreads over all twelve.
-RAG_QUESTIONS = EXAMPLE_QUESTIONS + [
-    "Why does a worn chain skip when the rider stands on a hill?",
-    "Why is swapping a chain early cheaper than waiting?",
-    "Why does steam help a loaf expand before the crust sets?",
-    "What causes the browning of a bread crust?",
-    "When should the lid come off a covered pot during baking?",
-    "What counts as greens and browns in a compost pile?",
-    "What should I do with a compost pile that stays cold and dry?",
-    "Why should meat and dairy be left out of a home compost pile?",
-    "What jobs do young worker bees do in the hive?",
-    "How many queens and drones live in a honeybee colony?",
-    "What does the angle of the waggle dance tell other bees?",
-    "What did a lighthouse keeper do to keep the lamp burning?",
-    "Where were the children of lighthouse keepers taught?",
-    "Why did the last lighthouse keepers leave their stations?",
-    "How many keepers took turns on night watch at a lighthouse?",
-    "How long do eyes need to adapt to the night sky?",
-    "Why do stargazers read their charts with dim red lights?",
-    "When are the best nights to see the Milky Way?",
-    "What can binoculars show in the night sky?",
-    "What is the pulp for handmade paper made of?",
-    "How does a papermaker use a mould and a vat of pulp?",
-    "Why is a wet sheet of paper pressed between boards while it dries?",
-    "Which fibres were the classic source of paper pulp?",
-    "What is a rain garden and what water does it catch?",
-    "How far from the house should a rain garden sit?",
-    "How can I test whether soil drains well enough for a rain garden?",
-    "Which plants suit a rain garden?",
-    "How is a cable ferry kept from drifting downstream?",
-    "How does a traveller call a cable ferry across the river?",
-    "Why do some rivers still have cable ferries instead of bridges?",
-    "How often should a sourdough starter be fed?",
-    "What is the grey liquid on top of a sourdough starter?",
-    "Where should weekend bakers keep their sourdough starter?",
-    "How do anemones survive in a tide pool when the tide goes out?",
-    "Why do periwinkle snails have a trapdoor?",
-    "Where should visitors step when exploring tide pools?",
-    "When do crabs come out to feed in a tide pool?",
-    "Why does wool take natural dyes well?",
-    "What is a mordant and why do plant dyes need one?",
-    "What colours do onion skins, madder root and indigo give wool?",
-]
+def tot_items(rounds: int = 2, seed: int = 0) -> list[dict[str, Any]]:
+    """tree_of_thought's arguments: per round, every town with three candidates, one who lives
+    there and two who do not, in a seeded order (so each branch's select has a right answer)."""
+    world, rng = load_world(), random.Random(seed)
+    items = []
+    for _ in range(rounds):
+        for town in world["towns"]:
+            residents = [p["name"] for p in world["people"] if p["town"] == town["name"]]
+            others = [p["name"] for p in world["people"] if p["town"] != town["name"]]
+            candidates = rng.sample(residents, 1) + rng.sample(others, 2)
+            rng.shuffle(candidates)
+            items.append({"town": town["name"], "candidates": candidates})
+    return items
+
+
+def person_questions(per_person: int = 2, seed: int = 0) -> list[str]:
+    """`per_person` questions about every person of the world, each on a different attribute in a
+    seeded phrasing, shuffled so that any first n spread over the town documents."""
+    rng = random.Random(seed)
+    questions = []
+    for person in load_world()["people"]:
+        for attribute in rng.sample(sorted(PERSON_QUESTIONS), per_person):
+            questions.append(rng.choice(PERSON_QUESTIONS[attribute]).format(name=person["name"]))
+    rng.shuffle(questions)
+    return questions
+
+
+TOT_ITEMS = tot_items()  # 16: two rounds over the eight towns
+# The example's eight questions first, then two more per person (64), none repeated.
+RAG_QUESTIONS = EXAMPLE_QUESTIONS + [q for q in person_questions() if q not in EXAMPLE_QUESTIONS]
 
 
 @dataclass(frozen=True)
@@ -185,10 +164,19 @@ class Workload:
     compared_what: str
 
 
+def tot_outcome(s: Any) -> str:
+    """A finished tree_of_thought as text: the prompt up to the fork, each branch's answer and
+    town, the conclusion. Raises if the program's text does not end at the fork."""
+    prefix = s.text()
+    if not prefix.endswith(FORK_MARK):
+        raise ValueError(f"tree_of_thought's text should end with its system turn {FORK_MARK!r}, got {prefix!r}")
+    branches = "".join(f"{thought!r} -> {lives_in}\n" for thought, lives_in in zip(s["thought"], s["town"]))
+    return f"{prefix}{branches}{s['conclusion']}"
+
+
 def tot_workload(n: int) -> Workload:
-    return Workload("tree_of_thought", [{"question": q} for q in TOT_QUESTIONS[:n]],
-                    {"radixrt.lang": tree_of_thought, "sglang": sgl_tree_of_thought},
-                    lambda s: s.text().partition(FORK_MARK)[0], "prompt up to the fork")
+    return Workload("tree_of_thought", TOT_ITEMS[:n], {"radixrt.lang": tree_of_thought, "sglang": sgl_tree_of_thought},
+                    tot_outcome, "prompt up to the fork, answers, towns, conclusion")
 
 
 def rag_workload(n: int) -> Workload:
@@ -200,11 +188,11 @@ def rag_workload(n: int) -> Workload:
 
 @dataclass(frozen=True)
 class Sizes:
-    tot_questions: int
+    tot_items: int  # (town, 3 candidates) items: 3 branches each
     rag_questions: int
 
 
-SIZES = {"full": Sizes(tot_questions=16, rag_questions=48), "quick": Sizes(tot_questions=4, rag_questions=12)}
+SIZES = {"full": Sizes(tot_items=16, rag_questions=48), "quick": Sizes(tot_items=4, rag_questions=12)}
 
 # -- one measured run ---------------------------------------------------------------------------
 
@@ -361,22 +349,23 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the server and its workers
     sizes = SIZES["quick" if args.quick else "full"]
     repeats = args.repeats or (1 if args.quick else 3)
-    workloads = [tot_workload(sizes.tot_questions), rag_workload(sizes.rag_questions)]
-    path = ensure_model("llama", "tiny")
+    workloads = [tot_workload(sizes.tot_items), rag_workload(sizes.rag_questions)]
+    if not (MODEL / "SHA256SUMS").exists():
+        raise SystemExit(f"no demo model at {MODEL} (its SHA256SUMS is missing): scripts/train_demo_model.py writes it")
     load_avg = os.getloadavg()[0]
-    print(f"== llama-tiny (float32), {args.threads} torch thread(s), run_batch with {args.client_threads} threads;"
+    print(f"== world-llama (float32), {args.threads} torch thread(s), run_batch with {args.client_threads} threads;"
           f" machine load average {load_avg:.1f} on {os.cpu_count()} CPUs before the run")
-    print(f"tree_of_thought: {sizes.tot_questions} questions x 3 branches; rag: {sizes.rag_questions} questions;"
+    print(f"tree_of_thought: {sizes.tot_items} towns x 3 candidates (branches); rag: {sizes.rag_questions} questions;"
           f" {repeats} measured repeat(s) each, median kept; cache flushed before each")
     start = time.perf_counter()
-    measured = [m for cache in ("on", "off") for m in run_server(path, cache, workloads, args.client_threads, repeats)]
+    measured = [m for cache in ("on", "off") for m in run_server(MODEL, cache, workloads, args.client_threads, repeats)]
     runs = [run for run, _ in measured]
     summary = report(runs, workloads, {(r.workload, r.frontend, r.cache): t for r, t in measured})
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
     if args.quick:  # a smoke run: leave the full run's results in place
         return
     print("wrote", write_result("dsl_programs", {
-        "model": "llama-tiny", "threads": args.threads, "client_threads": args.client_threads, "repeats": repeats,
+        "model": "world-llama", "threads": args.threads, "client_threads": args.client_threads, "repeats": repeats,
         "load_avg_before": load_avg, "sizes": asdict(sizes), "runs": [asdict(r) for r in runs], **summary}))
     plot(runs, RESULTS / "dsl_programs.png")
     print("wrote", RESULTS / "dsl_programs.png")

@@ -1,167 +1,149 @@
-"""Quality of a quantized KV pool: each kv_cache_dtype against the model's own dtype, same prompts.
+"""Precision regression of the quantized KV pool on the demo model, which knows its answers.
 
-For llama-tiny (float32) and llama-100m (bfloat16), with the torch attention
-backend on the CPU:
-  * perplexity of held-out text (the corpus tail, which no prompt is cut from),
-    fed in prefill chunks so that every chunk reads the earlier ones, and its
-    own K/V, back from the pool;
-  * top-1 agreement over >= 1,000 generated tokens: the model's own dtype
-    generates greedily; each quantized pool then runs the same tokens as
-    decode steps (teacher-forced, so one early flip does not make every later
-    position differ) and we count the steps whose argmax is the token the
-    model's dtype chose, and record the largest |logit difference| there;
-  * the greedy run of the quantized pool itself (free-running): the fraction
-    of generated tokens equal to the model dtype's, position by position;
-  * the pool's bytes per token.
+The demo model (assets/world-llama, scripts/train_demo_model.py) answers
+questions about an invented world; scripts/world.py holds the held-out answer
+key. For each kv_cache_dtype, through the real engine (scheduler + worker
+processes, greedy decoding):
 
-    .venv/bin/python bench/kv_quant_quality.py [--models tiny,100m]
+  * exact-match accuracy on the answer key: facts (recall, in a phrasing
+    training never used), arithmetic (operand pairs training never showed),
+    number-dense tables (a few rows in the prompt), long contexts (the
+    question after 1,000+ tokens of table), and all together;
+
+and teacher-forced over the pool (radixrt.worker.kv_calibration, the same
+functions the server's start-up check uses):
+
+  * perplexity of held-out generated text (answered held-out questions and tables);
+  * top-1 agreement with the model-dtype KV and the largest |delta logprob| of
+    its top token, over that text and the long-table prompts;
+  * the start-up check's own agreement on its built-in prompts (what
+    --kv-quant-min-agreement is compared with).
+
+The fp8 pools run twice: with the per-layer scales the start-up check fits,
+and with every scale 1.0 (a scales file of ones), to show what fitting buys.
+
+    .venv/bin/python bench/kv_quant_quality.py [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import tempfile
 import time
 from pathlib import Path
 
 import torch
-from common import ROOT, ensure_model, write_result
-from radixrt.kernels import AttentionMetadata
-from radixrt.models import ModelConfig
+from common import ROOT, write_result  # puts scripts/ on sys.path
 
+import world  # noqa: I001 (scripts/world.py: the answer key)
+
+import radixrt
+from radixrt.worker.kv_calibration import compare_logits, teacher_forced_logits
+
+MODEL = ROOT / "assets" / "world-llama"
 KV_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+# fp8 again with every scale 1.0 (what the pool did before the start-up check fitted them)
+UNIT_SCALES = ("fp8_e4m3", "fp8_e5m2")
 PAGE_SIZE = 16
-NUM_PROMPTS, PROMPT_LEN, GEN_LEN = 8, 96, 128  # 8 x 128 = 1,024 generated tokens
-NUM_DOCS, DOC_LEN, CHUNK = 4, 256, 64  # held-out perplexity text
+MAX_ANSWER_TOKENS = 12
 
 
-class PoolRun:
-    """One model over a pool of one KV dtype, built by the worker's ModelRunner; request i owns its own pages.
-
-    Drives the attention backend and the model directly (no scheduler) so that every position's full
-    logits are at hand.
-    """
-
-    def __init__(self, path: Path, kv_dtype: str, num_reqs: int, max_len: int) -> None:
-        from radixrt.config import ServerArgs
-        from radixrt.worker.model_runner import ModelRunner
-
-        pages = math.ceil(max_len / PAGE_SIZE)
-        args = ServerArgs(
-            model_path=str(path), kv_cache_dtype=kv_dtype, page_size=PAGE_SIZE, attention_backend="torch",
-            device="cpu", max_total_tokens=num_reqs * pages * PAGE_SIZE,
-        )
-        self.runner = ModelRunner(args)
-        self.table = torch.arange(num_reqs * pages).view(num_reqs, pages)  # [num_reqs, pages]
-        self.lens = [0] * num_reqs
-
-    @torch.inference_mode()
-    def step(self, new_ids: list[list[int]]) -> list[torch.Tensor]:
-        """Append new_ids[i] to request i (all requests each step) -> per request logits [len, vocab] float32."""
-        qo = [len(ids) for ids in new_ids]
-        positions = torch.cat([torch.arange(n, n + q) for n, q in zip(self.lens, qo)])  # [T]
-        rows = torch.repeat_interleave(torch.arange(len(qo)), torch.tensor(qo))  # [T] request of each token
-        out_slots = self.table[rows, positions // PAGE_SIZE] * PAGE_SIZE + positions % PAGE_SIZE
-        self.lens = [n + q for n, q in zip(self.lens, qo)]
-        meta = AttentionMetadata(qo, list(self.lens), self.table, out_slots, PAGE_SIZE)
-        self.runner.attn.init_forward(meta)
-        ids = torch.tensor([t for seq in new_ids for t in seq])
-        hidden = self.runner.model(ids, positions, self.runner.attn)  # [T, hidden]
-        return list(self.runner.model.compute_logits(hidden).float().split(qo))
+def pool_args(kv_dtype: str, scales_file: str | None) -> dict:
+    return {"model_path": str(MODEL), "kv_cache_dtype": kv_dtype, "kv_scales_file": scales_file,
+            "kv_quant_min_agreement": 0.0, "page_size": PAGE_SIZE}
 
 
-def perplexity(path: Path, kv_dtype: str, docs: list[list[int]]) -> float:
-    run = PoolRun(path, kv_dtype, len(docs), DOC_LEN)
-    nll, count = 0.0, 0
-    for c in range(0, DOC_LEN, CHUNK):
-        logits = run.step([d[c : c + CHUNK] for d in docs])
-        for d, lg in zip(docs, logits):
-            targets = torch.tensor(d[c + 1 : c + CHUNK + 1])  # the last chunk's last row has no target
-            logp = torch.log_softmax(lg[: len(targets)], -1)
-            nll -= logp.gather(1, targets[:, None]).sum().item()
-            count += len(targets)
-    return math.exp(nll / count)
+def answers(pool: dict, items: list[world.Item]) -> list[str]:
+    """The engine's greedy reply to every item's prompt over the pool."""
+    with radixrt.Engine(**pool, max_total_tokens=1 << 16) as engine:
+        outs = engine.generate([it.prompt for it in items],
+                               {"temperature": 0, "max_new_tokens": MAX_ANSWER_TOKENS})
+    return [o["text"] for o in outs]
 
 
-def generate(path: Path, kv_dtype: str, prompts: list[list[int]], forced: list[list[int]] | None = None):
-    """Greedy decode GEN_LEN tokens per prompt -> tokens [B, GEN_LEN], logits [B, GEN_LEN, vocab], pool bytes/token.
+def teacher_forced(pool: dict, seqs: list[list[int]]):
+    """Every position's logits over the pool, and the start-up check's report (None for auto)."""
+    from radixrt.config import ServerArgs
+    from radixrt.worker.model_runner import ModelRunner
 
-    With `forced`, each step feeds forced[i][t] instead of the argmax (teacher forcing); the
-    returned tokens are still the argmaxes.
-    """
-    run = PoolRun(path, kv_dtype, len(prompts), PROMPT_LEN + GEN_LEN)
-    logits = [lg[-1] for lg in run.step(prompts)]
-    steps_logits, steps_tokens = [], []
-    for t in range(GEN_LEN):
-        last = torch.stack(logits)  # [B, vocab]
-        steps_logits.append(last)
-        steps_tokens.append(last.argmax(-1))
-        feed = steps_tokens[-1].tolist() if forced is None else [f[t] for f in forced]
-        if t + 1 < GEN_LEN:
-            logits = [lg[-1] for lg in run.step([[x] for x in feed])]
-    return torch.stack(steps_tokens, 1), torch.stack(steps_logits, 1), run.runner.bytes_per_token
+    pages = len(seqs) * math.ceil(max(map(len, seqs)) / PAGE_SIZE)
+    args = ServerArgs(**pool, device="cpu", max_total_tokens=max(pages, 256) * PAGE_SIZE)
+    runner = ModelRunner(args)
+    return teacher_forced_logits(runner.model, runner.attn, seqs), runner.kv_check
 
 
-def corpus_split(path: Path) -> tuple[list[int], list[int]]:
-    """The corpus tokens: prompts come from the head, held-out perplexity text from the tail."""
-    from transformers import AutoTokenizer
-
-    ids = AutoTokenizer.from_pretrained(path).encode((ROOT / "scripts" / "data" / "corpus.txt").read_text())
-    held_out = NUM_DOCS * DOC_LEN
-    return ids[:-held_out], ids[-held_out:]
+def perplexity(logits: list[torch.Tensor], seqs: list[list[int]]) -> float:
+    nll = sum(-torch.log_softmax(lg[:-1], -1).gather(1, torch.tensor(s[1:])[:, None]).sum().item()
+              for lg, s in zip(logits, seqs))
+    return math.exp(nll / sum(len(s) - 1 for s in seqs))
 
 
-def compare(path: Path, kv_dtype: str, prompts, docs, ref_tokens: torch.Tensor, ref_logits: torch.Tensor) -> dict:
-    """One pool against the model dtype's greedy tokens and logits."""
-    t = time.perf_counter()
-    top1, logits, bytes_per_token = generate(path, kv_dtype, prompts, forced=ref_tokens.tolist())
-    free = generate(path, kv_dtype, prompts)[0] if kv_dtype != "auto" else ref_tokens
-    return {
-        "bytes_per_token": bytes_per_token,
-        "perplexity": perplexity(path, kv_dtype, docs),
-        "top1_agreement": (top1 == ref_tokens).float().mean().item(),
-        "max_logit_diff": (logits - ref_logits).abs().max().item(),
-        "mean_logit_diff": (logits - ref_logits).abs().mean().item(),
-        "free_run_agreement": (free == ref_tokens).float().mean().item(),
-        "seconds": time.perf_counter() - t,
-    }
+def pools(scales_dir: Path) -> dict[str, dict]:
+    """Row name -> pool arguments: every kv dtype, then fp8 with unit scales."""
+    layers = json.loads((MODEL / "config.json").read_text())["num_hidden_layers"]
+    ones = scales_dir / "unit_scales.json"
+    ones.write_text(json.dumps({"k_scale": [1.0] * layers, "v_scale": [1.0] * layers}))
+    rows = {kv: pool_args(kv, None) for kv in KV_DTYPES}
+    rows |= {f"{kv} (scales 1.0)": pool_args(kv, str(ones)) for kv in UNIT_SCALES}
+    return rows
 
 
-def evaluate(size: str) -> dict:
-    path = ensure_model("llama", size)
-    head, tail = corpus_split(path)
-    stride = (len(head) - PROMPT_LEN) // NUM_PROMPTS
-    prompts = [head[i * stride : i * stride + PROMPT_LEN] for i in range(NUM_PROMPTS)]
-    docs = [tail[i * DOC_LEN : (i + 1) * DOC_LEN] for i in range(NUM_DOCS)]
-    ref_tokens, ref_logits, _ = generate(path, "auto", prompts)
-    rows = {kv_dtype: compare(path, kv_dtype, prompts, docs, ref_tokens, ref_logits) for kv_dtype in KV_DTYPES}
-    for r in rows.values():
-        r["perplexity_change"] = r["perplexity"] / rows["auto"]["perplexity"] - 1
-    return {"dtype": ModelConfig.from_dir(path).torch_dtype, "generated_tokens": ref_tokens.numel(), "kv_dtypes": rows}
+def evaluate(items: list[world.Item], tokenizer, scales_dir: Path) -> dict:
+    held_out = [tokenizer.encode(t, add_special_tokens=False) for t in world.held_out_text()]
+    long_prompts = [tokenizer.encode(it.prompt + it.answer, add_special_tokens=False)
+                    for it in items if it.subset == "long"][:4]
+    rows = {}
+    ref_logits = None
+    for kv_dtype, pool in pools(scales_dir).items():
+        t = time.perf_counter()
+        acc = world.accuracy(items, answers(pool, items))
+        logits, check = teacher_forced(pool, held_out + long_prompts)
+        if ref_logits is None:
+            ref_logits = logits
+        report = compare_logits(torch.cat(ref_logits), torch.cat(logits))
+        rows[kv_dtype] = {
+            "accuracy": acc,
+            "perplexity": perplexity(logits[: len(held_out)], held_out),
+            "top1_agreement": report.top1_agreement,
+            "max_abs_dlogprob": report.max_abs_dlogprob,
+            "mean_abs_dlogprob": report.mean_abs_dlogprob,
+            "startup_check": None if check is None else vars(check),
+            "seconds": round(time.perf_counter() - t, 1),
+        }
+        print(f"{kv_dtype}: {rows[kv_dtype]}", flush=True)
+    return rows
 
 
-def print_table(size: str, result: dict) -> None:
-    print(f"\n== llama-{size} ({result['dtype']}), {result['generated_tokens']} generated tokens, "
-          f"{NUM_DOCS} x {DOC_LEN} held-out tokens")
-    print(f"{'kv dtype':10s} {'bytes/tok':>9s} {'ppl':>10s} {'ppl vs auto':>11s} {'top-1 agree':>11s} "
-          f"{'max |dlogit|':>12s} {'mean |dlogit|':>13s} {'free-run agree':>14s}")
-    for kv_dtype, r in result["kv_dtypes"].items():
-        print(f"{kv_dtype:10s} {r['bytes_per_token']:9d} {r['perplexity']:10.1f} {r['perplexity_change']:+11.3%} "
-              f"{r['top1_agreement']:11.4f} {r['max_logit_diff']:12.4f} {r['mean_logit_diff']:13.5f} "
-              f"{r['free_run_agreement']:14.4f}")
+def print_table(rows: dict, counts: dict) -> None:
+    subsets = [*world.SUBSETS, "all"]
+    print("\nexact-match accuracy (items: " + ", ".join(f"{s} {counts[s]}" for s in subsets) + ")")
+    print(f"{'kv dtype':21s} " + " ".join(f"{s:>10s}" for s in subsets)
+          + f" {'ppl':>7s} {'top-1 agree':>11s} {'max|dlogp|':>10s} {'start-up':>8s}")
+    for kv_dtype, r in rows.items():
+        check = r["startup_check"]["top1_agreement"] if r["startup_check"] else float("nan")
+        print(f"{kv_dtype:21s} " + " ".join(f"{r['accuracy'][s]:10.3f}" for s in subsets)
+              + f" {r['perplexity']:7.3f} {r['top1_agreement']:11.4f} {r['max_abs_dlogprob']:10.4f} {check:8.4f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="tiny,100m")
+    parser.add_argument("--quick", action="store_true", help="a sample of the answer key instead of all of it")
     args = parser.parse_args()
-    results = {}
-    for size in args.models.split(","):
-        results[size] = evaluate(size)
-        print_table(size, results[size])
-    workload = (f"{NUM_PROMPTS} prompts x {PROMPT_LEN} tokens, {GEN_LEN} greedy tokens each (teacher-forced for "
-                f"top-1/logits); perplexity over {NUM_DOCS} x {DOC_LEN} held-out tokens in chunks of {CHUNK}")
-    print("\nwrote", write_result("kv_quant_quality", {"workload": workload, "results": results}))
+    from transformers import AutoTokenizer
+
+    items = (world.sample_key({"facts": 60, "arithmetic": 60, "tables": 40, "long": 10}) if args.quick
+             else world.answer_key())
+    counts = {s: sum(it.subset == s for it in items) for s in world.SUBSETS}
+    counts["all"] = len(items)
+    with tempfile.TemporaryDirectory() as scales_dir:
+        rows = evaluate(items, AutoTokenizer.from_pretrained(MODEL), Path(scales_dir))
+    print_table(rows, counts)
+    workload = (f"answer key of scripts/world.py ({counts}), greedy, <= {MAX_ANSWER_TOKENS} new tokens, exact match; "
+                f"perplexity and agreement teacher-forced over world.held_out_text() and 4 long-table prompts")
+    print("\nwrote", write_result("kv_quant_quality", {"model": str(MODEL.relative_to(ROOT)), "workload": workload,
+                                                     "items": counts, "kv_dtypes": rows}))
 
 
 if __name__ == "__main__":

@@ -13,15 +13,17 @@ import json
 
 import radixrt as rt
 
+# About the Vell Valley, the world the demo model (assets/world-llama) was trained on. The questions
+# are phrased the way its training never asked about these people (scripts/world.py's answer key).
 EXAMPLES = [
-    ("What do bees use to tell each other where flowers are?", "A waggle dance."),
-    ("What keeps a cable ferry from drifting downstream?", "A cable across the river."),
-    ("What makes bread crust crisp?", "Steam early in baking."),
+    ("What is Mara Quill's job?", "beekeeper"),
+    ("What is 12 + 30?", "42"),
+    ("Which river flows through Garrow?", "Whitby"),
 ]
 QUESTIONS = [
-    "What should you oil on a bicycle chain?",
-    "How long does compost take?",
-    "Why do stargazers use red lights?",
+    "Where does Zeno Penrose live?",
+    "In what year was Ulric Lindqvist born?",
+    "What animal does Jory Brandt keep?",
 ]
 
 
@@ -30,7 +32,7 @@ def few_shot_qa(s, question: str) -> None:
     s += "Answer each question in a few words.\n\n"
     for q, a in EXAMPLES:
         s += f"Q: {q}\nA: {a}\n\n"
-    s += f"Q: {question}\nA:" + rt.gen("answer", max_tokens=24, stop="\n", temperature=0)
+    s += f"Q: {question}\nA:" + rt.gen("answer", max_tokens=12, stop="\n", temperature=0)
 
 
 def main(url: str) -> dict:

@@ -10,23 +10,26 @@ import json
 
 import radixrt as rt
 
-TURNS = [
-    "I want to start baking bread at home. Where do I begin?",
-    "How do I get a crisp crust?",
-    "And how should I look after a sourdough starter?",
+# The demo model speaks ChatML; SGLang's frontend would pick "default" for its path, so name it.
+CHAT_TEMPLATE = "chatml"
+
+TURNS = [  # about the Vell Valley, the world the demo model was trained on
+    "Where does Gustav Wick live?",
+    "How many people live in Halden Bay?",
+    "What pet does Gustav Wick have?",
 ]
 
 
 @rt.function
 def chat(s, turns: list[str]) -> None:
-    s += rt.system("You are a friendly baking teacher. Keep answers short.")
+    s += rt.system("You answer questions about the Vell Valley.")
     for i, question in enumerate(turns):
         s += rt.user(question)
-        s += rt.assistant(rt.gen(f"answer_{i}", max_tokens=32, temperature=0))
+        s += rt.assistant(rt.gen(f"answer_{i}", max_tokens=12, temperature=0))
 
 
 def main(url: str) -> dict:
-    state = chat.run(turns=TURNS, backend=rt.RuntimeEndpoint(url))
+    state = chat.run(turns=TURNS, backend=rt.RuntimeEndpoint(url, chat_template_name=CHAT_TEMPLATE))
     metas = [state.get_meta_info(f"answer_{i}") for i in range(len(TURNS))]
     return {
         "turns": len(TURNS),

@@ -1,4 +1,7 @@
-"""Batch retrieval-augmented QA over the small document set in examples/data/docs.
+"""Batch retrieval-augmented QA over examples/data/docs: one document per town of the Vell Valley.
+
+The documents (written by scripts/world.py) are about the world the demo model
+was trained on, so its greedy answers can be checked against them.
 
 Retrieval is plain word overlap. The chosen documents go into the prompt in
 sorted (file name) order, so questions that retrieve the same documents send the
@@ -16,18 +19,21 @@ from pathlib import Path
 
 import radixrt as rt
 
+# The demo model speaks ChatML; SGLang's frontend would pick "default" for its path, so name it.
+CHAT_TEMPLATE = "chatml"
+
 DOCS_DIR = Path(__file__).resolve().parent / "data" / "docs"
 STOPWORDS = set("a an and are as at be by do does for from how i in is it its of on or should the to what when "
                 "where which who why with you your".split())
 QUESTIONS = [
-    "How do I know when to replace a bicycle chain?",
-    "How should I clean and oil a bicycle chain?",
-    "What does it mean when a sourdough starter smells like nail polish?",
-    "How do bakers get steam into the oven for a crisp crust?",
-    "What should I add to a compost pile that smells sour?",
-    "How do honeybee foragers tell others the distance to flowers?",
-    "Why must wool not move suddenly from hot water to cold when dyeing?",
-    "How can a cable ferry cross a river without an engine?",
+    "What is Tobin Reed's job?",
+    "When was Rosa Ingram born?",
+    "What pet does Gustav Wick have?",
+    "Where does Sten Jessup live?",
+    "What does Vesna Moss do for a living?",
+    "In which town does Thea Kettle live?",
+    "What animal does Hesper Orme keep?",
+    "In what year was Mara Quill born?",
 ]
 
 
@@ -53,18 +59,19 @@ def answer(s, question: str, documents: list[str]) -> None:
         for doc in documents:
             s += f"Document:\n{doc}\n\n"
         s += f"Question: {question}"
-    s += rt.assistant(rt.gen("answer", max_tokens=48, temperature=0))
+    s += rt.assistant(rt.gen("answer", max_tokens=12, temperature=0))
 
 
 def main(url: str) -> dict:
     docs = load_docs()
     chosen = [retrieve(q, docs) for q in QUESTIONS]
     batch = [{"question": q, "documents": [docs[name] for name in names]} for q, names in zip(QUESTIONS, chosen)]
-    states = answer.run_batch(batch, backend=rt.RuntimeEndpoint(url))
+    states = answer.run_batch(batch, backend=rt.RuntimeEndpoint(url, chat_template_name=CHAT_TEMPLATE))
     metas = [s.get_meta_info("answer") for s in states]
     return {
         "documents": len(docs),
         "questions": len(QUESTIONS),
+        "question_texts": QUESTIONS,
         "retrieved": chosen,
         "answers": [s["answer"] for s in states],
         "prompt_tokens": sum(m["prompt_tokens"] for m in metas),

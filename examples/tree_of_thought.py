@@ -1,7 +1,13 @@
-"""Tree of thought with fork: several approaches explored in parallel branches, each judged, then a conclusion.
+"""Tree of thought with fork: one branch per candidate, each checked, then a conclusion.
 
-`s.fork(n)` first sends the shared conversation once as a prefill-only request,
-so the n branches find it cached and only compute their own continuations.
+The question ("Which of these people lives in Pellmarsh?") is about the Vell
+Valley, the world the demo model was trained on. `s.fork(n)` first sends the
+shared conversation once as a prefill-only request, so the n branches find it
+cached and only compute their own turns: each branch asks what its candidate
+does (a free answer) and where they live (a select over the valley's towns);
+the conclusion names the candidates whose town is the one asked about. (The
+town is a select, not a yes/no question: the demo model answers yes/no
+questions poorly, leaning to "no", and picks among named towns well.)
 
     python examples/tree_of_thought.py --url http://127.0.0.1:30000
 """
@@ -13,30 +19,38 @@ import json
 
 import radixrt as rt
 
+# The demo model speaks ChatML; SGLang's frontend would pick "default" for its path, so name it.
+CHAT_TEMPLATE = "chatml"
+
+SYSTEM = "You answer questions about the Vell Valley."
+TOWN = "Pellmarsh"
+CANDIDATES = ["Mara Quill", "Tobin Reed", "Cleo Thorne"]
+TOWNS = ["Corvane", "Dunhallow", "Estmoor", "Fenwick Cross", "Garrow", "Halden Bay", "Ostrel", "Pellmarsh"]
+
 
 @rt.function
-def tree_of_thought(s, question: str, branches: int = 3) -> None:
-    s += rt.system("You reason carefully and try more than one approach.")
-    s += rt.user(question)
-    with s.assistant():
-        s += "Let me try several approaches.\n"
-        forks = s.fork(branches)
-        forks += lambda i: f"Approach {i + 1}: "
-        forks += rt.gen("thought", max_tokens=32, stop="\n", temperature=0.8)
-        forks += "\nIs this approach sound? " + rt.select("verdict", ["yes", "no"])
-        forks.join()  # s["thought"], s["verdict"]: one entry per branch
-        s["prefix_tokens"] = forks.prefix_meta["prompt_tokens"] if forks.prefix_meta else 0
-        for i, (thought, verdict) in enumerate(zip(s["thought"], s["verdict"])):
-            s += f"Approach {i + 1} ({verdict}): {thought.strip()}\n"
-        s += "Conclusion:" + rt.gen("conclusion", max_tokens=32, stop="\n", temperature=0)
+def tree_of_thought(s, town: str, candidates: list[str]) -> None:
+    s += rt.system(SYSTEM)
+    forks = s.fork(len(candidates))
+    forks += lambda i: rt.user(f"What does {candidates[i]} do for a living?")
+    forks += rt.assistant(rt.gen("thought", max_tokens=8, temperature=0))
+    forks += lambda i: rt.user(f"Where does {candidates[i]} live?")
+    forks += rt.assistant(rt.select("town", TOWNS))
+    forks.join()  # s["thought"], s["town"]: one entry per branch
+    s["prefix_tokens"] = forks.prefix_meta["prompt_tokens"] if forks.prefix_meta else 0
+    found = [c for c, lives_in in zip(candidates, s["town"]) if lives_in == town]
+    s["conclusion"] = f"{' and '.join(found) or 'None of them'} {'lives' if len(found) < 2 else 'live'} in {town}."
 
 
 def main(url: str) -> dict:
-    state = tree_of_thought.run(question="How can a small town reduce food waste?", backend=rt.RuntimeEndpoint(url))
+    backend = rt.RuntimeEndpoint(url, chat_template_name=CHAT_TEMPLATE)
+    state = tree_of_thought.run(town=TOWN, candidates=CANDIDATES, backend=backend)
     return {
+        "question": f"Which of {', '.join(CANDIDATES)} lives in {TOWN}?",
         "branches": len(state["thought"]),
-        "thoughts": state["thought"],
-        "verdicts": state["verdict"],
+        "candidates": CANDIDATES,
+        "thoughts": [t.strip() for t in state["thought"]],
+        "towns": state["town"],
         "branch_cached_tokens": [m["cached_tokens"] for m in state.get_meta_info("thought")],
         "prefix_tokens": state["prefix_tokens"],
         "conclusion": state["conclusion"],

@@ -11,12 +11,12 @@ The pool may store K/V quantized (`kv_dtype`, the server's kv_cache_dtype):
     head_dim / 127, round to nearest), kept in page-major tensors beside the
     values so that whatever copies pages copies the scales with them;
   * fp8_e4m3 / fp8_e5m2: one scale per layer for K and one for V, the scalar
-    k_scale / v_scale FlashInfer's fp8 kernels take. They stay 1.0: a scale
-    only moves where clamping and subnormals begin, not the relative precision
-    of normal values (3 or 2 mantissa bits), and the K/V of the Llamas we run
-    stay within |x| < 8, far inside e4m3's 448 (no calibration data to do
-    better). Values are clamped to the format's finite range before the cast,
-    since float8_e4m3fn has no inf and an overflow would become NaN.
+    k_scale / v_scale FlashInfer's fp8 kernels take (dequantized = stored *
+    scale). They start at 1.0; the worker's start-up check
+    (radixrt/worker/kv_calibration.py) sets them from the K/V ranges it
+    observes, or from --kv-scales-file. Values are clamped to the format's
+    finite range before the cast, since float8_e4m3fn has no inf and an
+    overflow would become NaN.
 `read` always returns the model's dtype: there is no model-dtype copy of the
 pool, so every attention path sees the same quantized-then-dequantized K/V.
 """

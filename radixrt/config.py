@@ -20,6 +20,12 @@ CHAT_TEMPLATE_NAMES = (  # radixrt/server/chat_templates.py
     "internlm2-chat", "phi-4-mm",
 )
 SAMPLING_DEFAULTS = ("model", "openai")
+# The quantized-KV start-up check's default floor (radixrt/worker/kv_calibration.py). Measured on
+# its built-in prompts (bench/kv_quant_quality.py): the trained demo model agrees 0.996 (int8),
+# 0.986 (fp8_e4m3), 0.968 (fp8_e5m2); random-weight tiny models 0.95 (int8) and 0.60-0.78 (fp8),
+# whose near-tied logits flip. 0.9 passes every trained-model measurement with room and refuses
+# a pool that changes the top token one time in ten.
+KV_QUANT_MIN_AGREEMENT = 0.9
 # SGLang's names for our attention backends (kernels/registry.py), normalized at construction
 ATTENTION_BACKEND_ALIASES = {"torch_native": "torch"}
 
@@ -101,6 +107,18 @@ class ServerArgs:
     cuda_graph_max_bs: int = _arg(256, "largest decode batch run from a captured CUDA graph")
     disable_cuda_graph: bool = _arg(False, "run decode eagerly instead of from captured CUDA graphs")
     kv_cache_dtype: str = _arg("auto", "KV pool storage: auto (the model's dtype), fp8_e4m3, fp8_e5m2 or int8")
+    kv_calibration_file: str | None = _arg(
+        None, "text file of calibration prompts (paragraphs separated by blank lines) for the quantized-KV start-up "
+        "check (default: built-in prose, a number table and code)"
+    )
+    kv_scales_file: str | None = _arg(
+        None, 'fp8 KV per-layer scales, JSON {"k_scale": [...], "v_scale": [...]} (default: fitted to the K/V '
+        "ranges of the start-up check)"
+    )
+    kv_quant_min_agreement: float = _arg(
+        KV_QUANT_MIN_AGREEMENT, "with a quantized kv_cache_dtype, refuse to start when the start-up check's top-1 "
+        "agreement with model-dtype KV is below this"
+    )
     enable_hierarchical_cache: bool = _arg(
         False, "keep radix-cache pages evicted from the device pool in host memory (and on disk with hicache_dir)"
     )
@@ -192,6 +210,14 @@ class ServerArgs:
     def _check_kv_memory(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.kv_scales_file is not None and not self.kv_cache_dtype.startswith("fp8"):
+            raise ValueError(f"kv_scales_file holds fp8 scales; kv_cache_dtype is {self.kv_cache_dtype!r}")
+        for name in ("kv_calibration_file", "kv_scales_file"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"{name} {path!r} is not a file")
+        if not 0.0 <= self.kv_quant_min_agreement <= 1.0:
+            raise ValueError(f"kv_quant_min_agreement must be in [0, 1], got {self.kv_quant_min_agreement}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         for name in ("hicache_ratio", "hicache_size", "hicache_disk_size", "swap_space"):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up, build the built-in tiny demo model (deterministic, no download), and run
-# the demo program through radixrt's engine processes; everything stops at the end.
+# Set up, serve the demo model committed in assets/world-llama (no download), and run
+# the demo's DSL programs against it; everything stops at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup_env.sh

@@ -156,6 +156,9 @@ def test_the_disk_tier_is_keyed_by_the_weights_content_not_their_place(llama_pat
     assert fingerprint(copy) == fingerprint(llama_path)  # same weights elsewhere: same KV
     assert fingerprint(llama_path, kv_cache_dtype="int8") != fingerprint(llama_path)
     assert fingerprint(llama_path, page_size=16) != fingerprint(llama_path)
+    fp8 = ServerArgs(model_path=str(llama_path), kv_cache_dtype="fp8_e4m3", enable_hierarchical_cache=True,
+                     hicache_dir=str(tmp_path / "hc"))
+    assert weights_fingerprint(fp8, torch.float32, [0.01, 0.02]) != weights_fingerprint(fp8, torch.float32, [0.01, 0.03])
     weights = copy / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2 + 12345] ^= 1  # one bit of one weight

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -289,34 +288,3 @@ def test_runtime_starts_a_server_and_shuts_it_down(llama_path):
         assert state.text().startswith("Item 7: ")
         pid = runtime.process.pid
     assert not process_alive(pid)
-
-
-def load_example(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_examples_run_and_summarize(server):
-    qa = load_example("few_shot_qa").main(server)
-    assert len(qa["answers"]) == len(qa["questions"]) == 3 and all(p > 50 for p in qa["prompt_tokens"])
-
-    tot = load_example("tree_of_thought").main(server)
-    assert tot["branches"] == 3 and len(tot["thoughts"]) == 3
-    assert set(tot["verdicts"]) <= {"yes", "no"} and isinstance(tot["conclusion"], str)
-    assert all(c >= tot["prefix_tokens"] - PAGE for c in tot["branch_cached_tokens"])
-
-    chat_summary = load_example("multi_turn_chat").main(server)
-    assert chat_summary["turns"] == 3 and len(chat_summary["messages"]) == 7
-    assert [m["role"] for m in chat_summary["messages"]] == ["system"] + ["user", "assistant"] * 3
-    assert chat_summary["cached_tokens"][-1] > 0  # later turns reuse the conversation so far
-
-    rag = load_example("rag_pipeline")
-    first = rag.main(server)
-    assert first["documents"] >= 12 and first["questions"] == len(first["answers"]) == len(first["retrieved"])
-    assert all(r == sorted(r) and len(r) == 2 for r in first["retrieved"])
-    assert "bicycle_chain" in first["retrieved"][0] and "sourdough_starter" in first["retrieved"][2]
-    second = rag.main(server)  # same prompts again: all but each prompt's last page comes from the cache
-    assert second["answers"] == first["answers"]
-    assert second["cached_tokens"] >= second["prompt_tokens"] - first["questions"] * PAGE

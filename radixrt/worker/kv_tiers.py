@@ -35,10 +35,10 @@ from radixrt.worker.kv_pool import available_host_bytes
 DIGESTS_FILE = "weights-digests.json"  # in hicache_dir: file digests by path, size and mtime
 
 
-def weights_fingerprint(args: ServerArgs, dtype: torch.dtype) -> str:
+def weights_fingerprint(args: ServerArgs, dtype: torch.dtype, fp8_scales: list[float] | None = None) -> str:
     """What makes KV reusable across runs: the weights' whole content (config.json and a digest of
-    each safetensors file; where the files live does not matter), the dtypes, the page size and
-    the tensor-parallel split. File digests are remembered in hicache_dir by path, size and
+    each safetensors file; where the files live does not matter), the dtypes, the page size, the
+    tensor-parallel split and an fp8 pool's per-layer scales (stored bytes mean nothing without them). File digests are remembered in hicache_dir by path, size and
     mtime, so a restart does not rehash gigabytes."""
     root, memo_path = Path(args.model_path), Path(args.hicache_dir) / DIGESTS_FILE
     memo = json.loads(memo_path.read_text()) if memo_path.exists() else {}
@@ -57,6 +57,8 @@ def weights_fingerprint(args: ServerArgs, dtype: torch.dtype) -> str:
     tmp.write_text(json.dumps(memo))
     os.replace(tmp, memo_path)
     h.update(json.dumps([str(dtype), args.kv_cache_dtype, args.page_size, args.tp_size]).encode())
+    if fp8_scales is not None:
+        h.update(json.dumps(fp8_scales).encode())
     return h.hexdigest()[:20]
 
 
@@ -83,11 +85,13 @@ def plan_host_pages(args: ServerArgs, num_pages: int, page_bytes: int, device: t
     return pages
 
 
-def prepare_disk_dir(args: ServerArgs, dtype: torch.dtype, page_bytes: int) -> tuple[Path, int]:
+def prepare_disk_dir(
+    args: ServerArgs, dtype: torch.dtype, page_bytes: int, fp8_scales: list[float] | None = None
+) -> tuple[Path, int]:
     """The disk tier's directory for this model (checked writable, created) and its capacity in pages."""
     try:
         Path(args.hicache_dir).mkdir(parents=True, exist_ok=True)
-        d = Path(args.hicache_dir) / weights_fingerprint(args, dtype)
+        d = Path(args.hicache_dir) / weights_fingerprint(args, dtype, fp8_scales)
         d.mkdir(exist_ok=True)
         probe = d / f".probe-{os.getpid()}"
         probe.write_bytes(b"ok")

@@ -26,6 +26,7 @@ from radixrt.models.dtype import resolve_dtype
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
 from radixrt.worker.cuda_graph import DecodeGraphRunner, capture_sizes
+from radixrt.worker.kv_calibration import PrecisionReport, calibration_prompts, check_quantized_pool
 from radixrt.worker.kv_pool import plan_num_pages
 from radixrt.worker.kv_tiers import KVTierStore, plan_host_pages, prepare_disk_dir
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
@@ -83,7 +84,6 @@ class ModelRunner:
         self.cache = PagedKVCache(
             cfg.num_layers, num_pages, args.page_size, kv_heads, cfg.head_dim, dtype, device, args.kv_cache_dtype
         )
-        self.tiers = self._tier_store(args, rank, dtype)
         backend = args.attention_backend or default_attention_backend(device.type)
         self.attn = create_attention_backend(backend, self.cache, heads, cfg.head_dim, cfg.attention_layers())
         self.page_size = args.page_size
@@ -94,9 +94,25 @@ class ModelRunner:
         # longrope: a request runs under the short or the long rope factors, as the scheduler says
         self.long_rope = self.model.rope if self.model.rope.long_from is not None else None
         self.long_slots = [False] * slots  # per slot, set when its request starts
+        self.kv_check: PrecisionReport | None = None  # the quantized pool's start-up check
+        if self.cache.quantized:  # before graph capture: fp8's scales are folded in there
+            self.kv_check = self._check_quantized_kv(args, backend, heads, cfg)
+        self.tiers = self._tier_store(args, rank, dtype)  # after the check: the disk tier is keyed by fp8's scales
         self.graphs = self._capture_decode_graphs(args)
         self.sampler = Sampler(slots, cfg.vocab_size, device)
         logger.info("worker ready: %s on %s, %d pages of %d tokens", cfg.model_type, device, num_pages, args.page_size)
+
+    def _check_quantized_kv(self, args: ServerArgs, backend: str, heads: int, cfg: ModelConfig) -> PrecisionReport:
+        """Fit fp8 scales and compare quantized KV with model-dtype KV; refuse to start when too far."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+        prompts = calibration_prompts(tokenizer, args.kv_calibration_file)
+        layers = cfg.attention_layers()
+        return check_quantized_pool(
+            self.model, self.attn, lambda pool: create_attention_backend(backend, pool, heads, cfg.head_dim, layers),
+            prompts, args.kv_scales_file, args.kv_quant_min_agreement,
+        )
 
     def _capture_decode_graphs(self, args: ServerArgs) -> DecodeGraphRunner | None:
         """CUDA graphs need FlashInfer's fixed-buffer decode wrappers; every rank captures the same sizes."""
@@ -117,7 +133,8 @@ class ModelRunner:
             return None
         disk_dir, disk_pages = None, 0
         if args.hicache_dir is not None:
-            disk_dir, disk_pages = prepare_disk_dir(args, dtype, page_bytes)
+            fp8_scales = self.cache.k_scale + self.cache.v_scale if args.kv_cache_dtype.startswith("fp8") else None
+            disk_dir, disk_pages = prepare_disk_dir(args, dtype, page_bytes, fp8_scales)
         logger.info("host KV tier: %d pages%s", host_pages, f"; disk tier: {disk_pages} pages in {disk_dir}" if disk_dir else "")
         return KVTierStore(self.cache, host_pages, disk_dir, disk_pages, rank)
 
