@@ -73,7 +73,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 from rag_pipeline import QUESTIONS as EXAMPLE_QUESTIONS  # noqa: E402
 from rag_pipeline import answer, load_docs, retrieve  # noqa: E402
 from server_proc import running_server  # noqa: E402
-from tree_of_thought import CHAT_TEMPLATE, SYSTEM, TOWNS, tree_of_thought  # noqa: E402
+from tree_of_thought import CHAT_TEMPLATE, SYSTEM, TOWNS, conclusion, tree_of_thought  # noqa: E402
 from world import PERSON_QUESTIONS, load_world  # noqa: E402  (scripts/, put on sys.path by common)
 
 MODEL = ROOT / "assets" / "world-llama"
@@ -96,8 +96,7 @@ def sgl_tree_of_thought(s, town: str, candidates: list[str]) -> None:
     forks += sgl.assistant(sgl.select("town", TOWNS))
     forks.join()  # s["thought"], s["town"]: one entry per branch
     # (the example also records forks.prefix_meta, a radixrt.lang extra with no SGLang equivalent)
-    found = [c for c, lives_in in zip(candidates, s["town"]) if lives_in == town]
-    s["conclusion"] = f"{' and '.join(found) or 'None of them'} {'lives' if len(found) < 2 else 'live'} in {town}."
+    s["conclusion"] = conclusion(town, candidates, s["town"])
 
 
 @sgl.function

@@ -113,6 +113,10 @@ def evaluate(items: list[world.Item], tokenizer, scales_dir: Path) -> dict:
             "seconds": round(time.perf_counter() - t, 1),
         }
         print(f"{kv_dtype}: {rows[kv_dtype]}", flush=True)
+    base = rows["auto"]
+    for r in rows.values():  # against the model-dtype pool of this run
+        r["perplexity_vs_auto"] = r["perplexity"] / base["perplexity"]
+        r["accuracy_vs_auto"] = r["accuracy"]["all"] - base["accuracy"]["all"]
     return rows
 
 
@@ -120,11 +124,12 @@ def print_table(rows: dict, counts: dict) -> None:
     subsets = [*world.SUBSETS, "all"]
     print("\nexact-match accuracy (items: " + ", ".join(f"{s} {counts[s]}" for s in subsets) + ")")
     print(f"{'kv dtype':21s} " + " ".join(f"{s:>10s}" for s in subsets)
-          + f" {'ppl':>7s} {'top-1 agree':>11s} {'max|dlogp|':>10s} {'start-up':>8s}")
+          + f" {'all-auto':>8s} {'ppl':>7s} {'ppl/auto':>8s} {'top-1 agree':>11s} {'max|dlogp|':>10s} {'start-up':>8s}")
     for kv_dtype, r in rows.items():
         check = r["startup_check"]["top1_agreement"] if r["startup_check"] else float("nan")
         print(f"{kv_dtype:21s} " + " ".join(f"{r['accuracy'][s]:10.3f}" for s in subsets)
-              + f" {r['perplexity']:7.3f} {r['top1_agreement']:11.4f} {r['max_abs_dlogprob']:10.4f} {check:8.4f}")
+              + f" {r['accuracy_vs_auto']:+8.3f} {r['perplexity']:7.3f} {r['perplexity_vs_auto']:8.4f}"
+              f" {r['top1_agreement']:11.4f} {r['max_abs_dlogprob']:10.4f} {check:8.4f}")
 
 
 def main() -> None:

@@ -28,6 +28,12 @@ CANDIDATES = ["Mara Quill", "Tobin Reed", "Cleo Thorne"]
 TOWNS = ["Corvane", "Dunhallow", "Estmoor", "Fenwick Cross", "Garrow", "Halden Bay", "Ostrel", "Pellmarsh"]
 
 
+def conclusion(town: str, candidates: list[str], towns: list[str]) -> str:
+    """The sentence naming the candidates whose branch selected `town`."""
+    found = [c for c, lives_in in zip(candidates, towns) if lives_in == town]
+    return f"{' and '.join(found) or 'None of them'} {'lives' if len(found) < 2 else 'live'} in {town}."
+
+
 @rt.function
 def tree_of_thought(s, town: str, candidates: list[str]) -> None:
     s += rt.system(SYSTEM)
@@ -38,8 +44,7 @@ def tree_of_thought(s, town: str, candidates: list[str]) -> None:
     forks += rt.assistant(rt.select("town", TOWNS))
     forks.join()  # s["thought"], s["town"]: one entry per branch
     s["prefix_tokens"] = forks.prefix_meta["prompt_tokens"] if forks.prefix_meta else 0
-    found = [c for c, lives_in in zip(candidates, s["town"]) if lives_in == town]
-    s["conclusion"] = f"{' and '.join(found) or 'None of them'} {'lives' if len(found) < 2 else 'live'} in {town}."
+    s["conclusion"] = conclusion(town, candidates, s["town"])
 
 
 def main(url: str) -> dict:

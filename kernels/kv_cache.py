@@ -93,6 +93,7 @@ class PagedKVCache:
         self.dtype = dtype  # the model's dtype: what read() returns
         self.storage_dtype = fmt.storage or dtype  # what the pool holds
         self.quantized = fmt.storage is not None
+        self.layer_scaled = self.quantized and not fmt.token_scales  # fp8: k_scale / v_scale per layer
         shape = (num_pages + 1, page_size, num_kv_heads, head_dim)
         # NOTE: torch.empty, not zeros: a large pool is then committed by the OS
         # page by page as it is written. Only the padding page is zeroed.

@@ -29,7 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import world  # noqa: E402
-from make_tiny_model import _repo_root_off_sys_path  # noqa: E402
+from make_tiny_model import EOS_TOKEN as EOS  # noqa: E402
+from make_tiny_model import IM_END, IM_START, _repo_root_off_sys_path  # noqa: E402
 
 with _repo_root_off_sys_path():
     import torch
@@ -38,7 +39,6 @@ with _repo_root_off_sys_path():
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "assets" / "world-llama"
-EOS, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"

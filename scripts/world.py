@@ -98,18 +98,14 @@ def chat(messages: list[tuple[str, str]], answer: str | None = None) -> str:
     return text if answer is None else text + answer + "<|im_end|>\n"
 
 
-def fact_answer(attribute: str, value: object) -> str:
-    return str(value)
-
-
 def facts(world: dict) -> Iterator[tuple[str, str, list[str], str]]:
     """(subject, attribute, phrasings, answer) for every fact of the world."""
     for p in world["people"]:
         for attr, templates in PERSON_QUESTIONS.items():
-            yield p["name"], attr, [t.format(name=p["name"]) for t in templates], fact_answer(attr, p[attr])
+            yield p["name"], attr, [t.format(name=p["name"]) for t in templates], str(p[attr])
     for t in world["towns"]:
         for attr, templates in TOWN_QUESTIONS.items():
-            yield t["name"], attr, [q.format(name=t["name"]) for q in templates], fact_answer(attr, t[attr])
+            yield t["name"], attr, [q.format(name=t["name"]) for q in templates], str(t[attr])
 
 
 def person_sentences(p: dict) -> list[str]:
@@ -309,7 +305,7 @@ def _rag(rng: random.Random, world: dict) -> str:
     p = rng.choice([p for p in world["people"] if p["town"] in {t["name"] for t in towns}])
     attr = rng.choice(list(PERSON_QUESTIONS))
     question = rng.choice(PERSON_QUESTIONS[attr]).format(name=p["name"])
-    return chat([("system", SYSTEM_DOCS), ("user", f"{docs}Question: {question}")], fact_answer(attr, p[attr]))
+    return chat([("system", SYSTEM_DOCS), ("user", f"{docs}Question: {question}")], str(p[attr]))
 
 
 def training_documents(seed: int, count: int) -> list[str]:

@@ -173,7 +173,7 @@ def check_quantized_pool(
     for buf in reference.buffers:
         buf.zero_()  # fit_fp8_scales reads whole buffers: unwritten slots must not count
     ref_logits = teacher_forced_logits(model, make_attn(reference), prompts)
-    if cache.quantized and not cache.kv_dtype == "int8":
+    if cache.layer_scaled:
         k_scale, v_scale = read_scales(scales_file, num_layers) if scales_file else fit_fp8_scales(reference, cache.storage_dtype)
         cache.k_scale[:], cache.v_scale[:] = k_scale, v_scale
         logger.info("%s per-layer scales (%s): k %s, v %s", cache.kv_dtype, scales_file or "calibrated",

@@ -133,7 +133,7 @@ class ModelRunner:
             return None
         disk_dir, disk_pages = None, 0
         if args.hicache_dir is not None:
-            fp8_scales = self.cache.k_scale + self.cache.v_scale if args.kv_cache_dtype.startswith("fp8") else None
+            fp8_scales = self.cache.k_scale + self.cache.v_scale if self.cache.layer_scaled else None
             disk_dir, disk_pages = prepare_disk_dir(args, dtype, page_bytes, fp8_scales)
         logger.info("host KV tier: %d pages%s", host_pages, f"; disk tier: {disk_pages} pages in {disk_dir}" if disk_dir else "")
         return KVTierStore(self.cache, host_pages, disk_dir, disk_pages, rank)
