@@ -1,10 +1,18 @@
-"""The `radixrt` command: `radixrt launch_server --model-path DIR [...]`."""
+"""The `radixrt` command: `radixrt launch_server --model-path DIR [...]`, and the operator's tools
+(`estimate`, `cache-report`, `tune`, in radixrt/ops/)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-COMMANDS = ("launch_server",)
+# command -> the module whose main(argv) runs it (imported only when that command runs)
+COMMANDS = {
+    "launch_server": "radixrt.launch_server",
+    "estimate": "radixrt.ops.estimate",
+    "cache-report": "radixrt.ops.cache_report",
+    "tune": "radixrt.ops.tune",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -12,9 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in COMMANDS:
         print(f"usage: radixrt {{{','.join(COMMANDS)}}} [--help]", file=sys.stderr)
         return 2
-    from radixrt.launch_server import main as launch
-
-    return launch(argv[1:])
+    return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
 
 
 if __name__ == "__main__":

@@ -45,6 +45,10 @@ class ServerArgs:
         None, "branch, tag or commit of the Hugging Face repo ids given as model_path and tokenizer_path (default: main)"
     )
     served_model_name: str | None = _arg(None, "model name in the OpenAI API (default: model_path)")
+    weight_version: str = _arg(
+        "default", "label of the weights served, reported in /get_model_info and every result's meta_info; "
+        "update_weights_from_disk may change it"
+    )
     host: str = _arg("127.0.0.1", "HTTP host to bind (launch_server)")
     port: int = _arg(30000, "HTTP port to bind (launch_server)")
     api_key: str | None = _arg(None, "require 'Authorization: Bearer <key>' on every endpoint but /health* and /metrics")

@@ -14,10 +14,12 @@ from typing import Any, AsyncIterator, Iterator
 
 from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
+from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N
 from radixrt.frontend.generate_input import GenerateInput
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import BackendDied, TokenizerManager
-from radixrt.server.launcher import Backend, prepare_checkpoint
+from radixrt.frontend.weights import UpdateWeightsResult, check_update_options, model_info
+from radixrt.server.launcher import Backend, prepare_checkpoint, resolve_update_path
 
 PROGRESS_BAR_MIN = 32  # a list at least this long shows a tqdm bar
 
@@ -42,7 +44,8 @@ class Engine:
         local = prepare_checkpoint(self.server_args)  # a wrong path raises here, before any process starts
         self._backend = Backend(local)
         try:
-            self._manager = TokenizerManager(local, self._backend.addrs, self._backend.worker, self._backend.check_alive)
+            self._manager = TokenizerManager(local, self._backend.addrs, self._backend.worker, self._backend.check_alive,
+                                             model_path=self.server_args.model_path)
         except BaseException:
             self._backend.shutdown(timeout=2.0)
             raise
@@ -156,9 +159,37 @@ class Engine:
         """Server arguments and the scheduler's live counters (pool pages, queues, retractions)."""
         self._check_open()
         info: dict[str, Any] = dataclasses.asdict(self.server_args)
-        info.update(self._manager.stats())
+        info.update(self._manager.stats(), model_path=self._manager.weights.model_path,
+                    weight_version=self._manager.weights.version)
         info["context_length"] = self._backend.worker.context_length
         return info
+
+    def update_weights_from_disk(
+        self, model_path: str, load_format: str | None = None, abort_all_requests: bool = False,
+        weight_version: str | None = None, **options: Any,
+    ) -> UpdateWeightsResult:
+        """Serve the weights at model_path (a checkpoint directory or repo id of the same architecture
+        and shapes) without a restart; SGLang's call, returning (success, message, num_paused_requests).
+        A checkpoint that does not fit is refused (success False) and the old weights keep serving.
+        Requests already submitted finish on the old weights (aborted first with abort_all_requests);
+        later ones wait for the new. The prefix cache and host tier are emptied, and the disk tier
+        moves to the new weights' directory. weight_version: the label results carry from now on.
+        Other SGLang options (options) are checked: one this engine cannot honour raises ValueError."""
+        self._check_open()
+        check_update_options(load_format, **options)
+        local = resolve_update_path(self.server_args, model_path)
+        return self._manager.update_weights_from_disk(local, model_path, abort_all_requests, weight_version)
+
+    def get_model_info(self) -> dict[str, Any]:
+        """SGLang's /get_model_info: the weights now served (path, fingerprint, version)."""
+        self._check_open()
+        return model_info(self.server_args, self._manager.weights)
+
+    def cache_report(self, first_n: int = CACHE_REPORT_FIRST_N) -> dict[str, Any]:
+        """Why recent prompts missed the prefix cache (GET /cache_report): where they diverge from
+        their longest cached match, and the likely cause."""
+        self._check_open()
+        return self._manager.cache_report.report(first_n)
 
     def flush_cache(self) -> FlushCacheResult:
         """Empty the prefix cache, if no request runs or waits (else success is False)."""

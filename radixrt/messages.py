@@ -1,8 +1,8 @@
 """Everything that crosses a process boundary, as msgspec Structs.
 
 frontend --TokenizedRequest/AbortRequest--> scheduler --ForwardBatch/KVMoves--> worker
-frontend --GetStats/FlushCache-----------> scheduler
-frontend <--TokenBatchOut/ControlReply---- scheduler <--BatchResult------------ worker
+frontend --GetStats/FlushCache/UpdateWeights--> scheduler --LoadWeights-------> worker
+frontend <--TokenBatchOut/ControlReply/WeightsUpdateReply-- scheduler <--BatchResult/WeightsLoaded-- worker
 Nothing else travels over zmq; no pickle. Also here: the names of the disk tier's page
 files, which the scheduler checks and the worker writes.
 """
@@ -49,8 +49,19 @@ class FlushCache(msgspec.Struct, tag=True):
     query_id: str
 
 
-ControlQuery = Union[GetStats, FlushCache]
-FrontendMsg = Union[TokenizedRequest, AbortRequest, GetStats, FlushCache, Shutdown]
+class UpdateWeights(msgspec.Struct, tag=True):
+    """Swap in the weights at model_path (a local checkpoint directory, already checked to fit):
+    requests received before it finish on the old weights (or are aborted first), later ones
+    wait; then every rank loads, and the KV computed with the old weights is dropped. Answered
+    by a WeightsUpdateReply."""
+
+    query_id: str
+    model_path: str
+    abort_all_requests: bool = False
+
+
+ControlQuery = Union[GetStats, FlushCache, UpdateWeights]
+FrontendMsg = Union[TokenizedRequest, AbortRequest, GetStats, FlushCache, UpdateWeights, Shutdown]
 
 # -- scheduler -> frontend ---------------------------------------------------
 
@@ -95,7 +106,15 @@ class ControlReply(msgspec.Struct, tag=True):
     error: str | None = None
 
 
-SchedulerToFrontend = Union[TokenBatchOut, ControlReply]
+class WeightsUpdateReply(msgspec.Struct, tag=True):
+    query_id: str
+    success: bool
+    message: str
+    weights_fingerprint: str = ""  # the new weights' (worker/kv_tiers.weights_fingerprint); "" when refused
+    num_paused_requests: int = 0  # requests that arrived during the update and waited for it
+
+
+SchedulerToFrontend = Union[TokenBatchOut, ControlReply, WeightsUpdateReply]
 
 
 # -- scheduler -> worker -----------------------------------------------------
@@ -168,7 +187,14 @@ class KVMoves(msgspec.Struct, tag=True):
     moves: list[KVMove]
 
 
-SchedulerToWorker = Union[ForwardBatch, KVMoves, Shutdown]
+class LoadWeights(msgspec.Struct, tag=True):
+    """Every rank loads the weights at model_path into its model, or none does (the ranks agree
+    first); rank 0 answers with a WeightsLoaded. The pool is idle when it comes."""
+
+    model_path: str
+
+
+SchedulerToWorker = Union[ForwardBatch, KVMoves, LoadWeights, Shutdown]
 
 # -- the disk tier's page files (the scheduler checks them, the worker writes them) --
 
@@ -212,6 +238,17 @@ class BatchResult(msgspec.Struct, tag=True):
     errors: list[EntryError] = []  # entries that failed, in entry order; their KV of this step is not trusted
 
 
+class WeightsLoaded(msgspec.Struct, tag=True):
+    success: bool
+    message: str
+    weights_fingerprint: str = ""
+    disk_dir: str = ""  # the disk tier's directory for the weights now loaded ("": none)
+    disk_pages: int = 0
+
+
+WorkerToScheduler = Union[BatchResult, WeightsLoaded]
+
+
 # -- readiness (children -> launcher) -----------------------------------------
 
 
@@ -229,6 +266,11 @@ class WorkerReady(msgspec.Struct, tag=True):
     # longrope models: prompts longer than this run under other rope factors, so their KV lives in
     # its own prefix-cache namespace (0: no such model)
     long_prompt_threshold: int = 0
+    # what one rank allocated, in bytes (the figures `radixrt estimate` predicts)
+    kv_pool_bytes: int = 0  # every tensor of the paged pool (values, scales, the padding page)
+    page_table_bytes: int = 0
+    weight_bytes: int = 0  # the model's parameters on this rank
+    weights_fingerprint: str = ""  # the weights' content, dtypes, page size and tp split (worker/kv_tiers.py)
 
 
 class SchedulerReady(msgspec.Struct, tag=True):

@@ -277,8 +277,8 @@ def _shape_weights(model: PreTrainedModel, size: str) -> None:
         model.model.norm.weight.mul_(FINAL_NORM_SCALE[size])
 
 
-def _init_model(family: str, size: str, config: PretrainedConfig) -> PreTrainedModel:
-    torch.manual_seed(SEEDS[(family, size)])
+def _init_model(family: str, size: str, config: PretrainedConfig, seed: int | None = None) -> PreTrainedModel:
+    torch.manual_seed(SEEDS[(family, size)] if seed is None else seed)
     # Build in float32 whatever the target dtype, so init draws are identical across dtypes.
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _shape_weights(model, size)
@@ -292,13 +292,14 @@ def _generation_config(tokenizer: PreTrainedTokenizerFast) -> GenerationConfig:
     return GenerationConfig(eos_token_id=eos_ids, pad_token_id=eos_ids[0], do_sample=False)
 
 
-def make_model(family: str, out_dir: Path, size: str = "tiny") -> Path:
-    """Write a deterministic random-weight checkpoint (safetensors + tokenizer) into out_dir."""
+def make_model(family: str, out_dir: Path, size: str = "tiny", seed: int | None = None) -> Path:
+    """Write a deterministic random-weight checkpoint (safetensors + tokenizer) into out_dir. seed:
+    another draw of the same architecture (new weights for the same shapes; default the family's)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = tokenizer_for(family)
     config = make_config(family, size, tokenizer)
-    model = _init_model(family, size, config)
+    model = _init_model(family, size, config, seed)
     model.generation_config = _generation_config(tokenizer)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
@@ -366,10 +367,12 @@ def ensure_built(target: Path, fingerprint: str, build: Callable[[Path], object]
     return target
 
 
-def ensure_model(family: str, size: str = "tiny", root: Path | None = None) -> Path:
-    """Return root/f"{family}-{size}", building it first if it is missing or stale."""
+def ensure_model(family: str, size: str = "tiny", root: Path | None = None, seed: int | None = None) -> Path:
+    """Return root/f"{family}-{size}" (with a seed: f"{family}-{size}-s{seed}", the same architecture
+    with other weights), building it first if it is missing or stale."""
     root = Path(root) if root is not None else DEFAULT_MODELS_ROOT
-    return ensure_built(root / f"{family}-{size}", builder_fingerprint(), lambda tmp: make_model(family, tmp, size))
+    name = f"{family}-{size}" + (f"-s{seed}" if seed is not None else "")
+    return ensure_built(root / name, builder_fingerprint(), lambda tmp: make_model(family, tmp, size, seed))
 
 
 # --------------------------------------------------------------------------- CLI

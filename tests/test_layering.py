@@ -24,7 +24,7 @@ ALLOWED = {
     "radixrt": {"radixrt.engine", "radixrt.config", "radixrt.lang"},
 }
 FOLDER_PACKAGES = {"kernels": "radixrt.kernels", "lang": "radixrt.lang"}  # folder -> the package it installs as
-COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.cli", "radixrt.launch_server"}
+COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.cli", "radixrt.launch_server", "radixrt.ops"}
 L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc"}
 
 

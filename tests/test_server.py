@@ -272,7 +272,7 @@ def test_sigterm_under_32_streams_answers_every_client_and_exits_0(llama_path):
         assert "Traceback" not in proc.stdout.read()
 
 
-def test_api_keys_and_sigterm_stops_every_process(llama_path):
+def test_api_keys_and_sigterm_stops_every_process(llama_path, model_paths):
     keys = ("--api-key", "sekrit", "--admin-api-key", "boss")
     with running_server(llama_path, *SERVER_ARGS, *keys) as (url, proc):
         for open_path in ("/health", "/health_generate", "/metrics"):  # probes and scrapers need no key
@@ -289,6 +289,17 @@ def test_api_keys_and_sigterm_stops_every_process(llama_path):
         assert post(url, "/flush_cache", {}, headers={"Authorization": "Bearer boss"}).status_code == 200
         assert post(url, "/abort_request", {"rid": "x"}, headers={"Authorization": "Bearer boss"}).status_code == 200
         assert post(url, "/generate", {"text": "hi"}, headers={"Authorization": "Bearer boss"}).status_code == 401
+        # a weight update is an admin route; a checkpoint that does not fit is a 400 saying why, SGLang's body
+        update = {"model_path": str(model_paths["qwen2"])}
+        assert post(url, "/update_weights_from_disk", update, headers={"Authorization": "Bearer sekrit"}).status_code == 401
+        refused = post(url, "/update_weights_from_disk", update, headers={"Authorization": "Bearer boss"})
+        assert refused.status_code == 400 and not refused.json()["success"], refused.text
+        assert "model_type" in refused.json()["message"] and refused.json()["num_paused_requests"] == 0
+        bad = post(url, "/update_weights_from_disk", {**update, "flush_cache": False}, headers={"Authorization": "Bearer boss"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "flush_cache"
+        # the hit-rate report takes the ordinary key
+        assert requests.get(url + "/cache_report", timeout=10, headers={"Authorization": "Bearer sekrit"}).status_code == 200
+        assert requests.get(url + "/cache_report", timeout=10).status_code == 401
         info = requests.get(url + "/get_server_info", timeout=10, headers={"Authorization": "Bearer sekrit"}).json()
         assert "api_key" not in info and "admin_api_key" not in info
         children = child_pids(proc.pid)

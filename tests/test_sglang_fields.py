@@ -201,3 +201,25 @@ def test_the_server_takes_every_field_at_sglangs_default_at_once(server):
         assert r.status_code == 200, (path, r.text)
     r = requests.post(server + "/generate", json={**bodies[0][1], "return_hidden_states": True}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "return_hidden_states"
+
+
+# -- update_weights_from_disk ------------------------------------------------------------------
+
+UPDATE = class_fields("managers/io_struct.py", "UpdateWeightFromDiskReqInput", "BaseReq")
+
+
+def test_the_weight_update_body_takes_every_sglang_field_and_refuses_what_it_cannot_honour():
+    from radixrt.frontend.weights import IGNORED_UPDATE_OPTIONS, UNSUPPORTED_UPDATE_OPTIONS, check_update_options
+    from radixrt.server.schemas import UPDATE_CALL_FIELDS, UpdateWeightsBody
+
+    assert UPDATE["flush_cache"] is True and UPDATE["model_path"] is MISSING and len(UPDATE) == 13
+    assert set(UpdateWeightsBody.__struct_fields__) == set(UPDATE)
+    body = decode_body(json.dumps(_all_defaults(UPDATE, {"model_path": "m"})).encode(), UpdateWeightsBody)
+    options = {f: getattr(body, f) for f in body.__struct_fields__ if f not in UPDATE_CALL_FIELDS}
+    check_update_options(**options)  # SGLang's defaults pass
+    assert set(options) == {"load_format", *UNSUPPORTED_UPDATE_OPTIONS, *IGNORED_UPDATE_OPTIONS}
+    for name, default in UNSUPPORTED_UPDATE_OPTIONS.items():
+        assert UPDATE[name] == default, name
+        with pytest.raises(RequestError) as e:
+            check_update_options(**{**options, name: _asking_value(default)})
+        assert e.value.param == name

@@ -21,6 +21,7 @@ class ReqState:
     return_logprob: bool = False
     return_text_in_logprobs: bool = False
     log_metrics: bool = True  # false: the metrics observer never sees it (health probes)
+    weight_version: str = "default"  # the weights that serve it (SGLang's label; a weight update may set it)
     output_ids: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
     cached_tokens: int = 0
@@ -77,6 +78,7 @@ class ReqState:
             "prompt_tokens": len(self.prompt_ids),
             "completion_tokens": len(self.output_ids),
             "cached_tokens": self.cached_tokens,
+            "weight_version": self.weight_version,
             "e2e_latency": (self.finished_at or time.perf_counter()) - self.created,
         }
         if self.return_logprob:

@@ -32,10 +32,12 @@ import zmq
 from radixrt.config import ServerArgs
 from radixrt.constrained.grammar import GrammarCompiler
 from radixrt.errors import RequestError
+from radixrt.frontend.cache_report import CacheDiagnosis
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
 from radixrt.frontend.generate_input import GenerateInput, GenerateItem
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.sampling_defaults import model_sampling_defaults
+from radixrt.frontend.weights import ServedWeights, UpdateWeightsResult
 from radixrt.ipc import Receiver, Sender
 from radixrt.messages import (
     AbortRequest,
@@ -47,10 +49,14 @@ from radixrt.messages import (
     ReqOutput,
     SchedulerToFrontend,
     Shutdown,
+    TokenBatchOut,
     TokenizedRequest,
+    UpdateWeights,
+    WeightsUpdateReply,
     WorkerReady,
 )
 from radixrt.sampling_params import SamplingParams
+from radixrt.utils.checkpoint_meta import incompatibility
 from radixrt.utils.procs import Addresses
 
 logger = logging.getLogger(__name__)
@@ -73,6 +79,16 @@ class PreparedReq:
     logprob_start: int
 
 
+@dataclass
+class WeightsChange:
+    """A weight update the scheduler is running: what serves once it succeeds, and the requests
+    sent meanwhile (they wait for it, so they will be served by the new weights)."""
+
+    query_id: str
+    weights: ServedWeights  # fingerprint filled in from the reply
+    submitted: list[ReqState]
+
+
 class TokenizerManager:
     def __init__(
         self,
@@ -81,10 +97,16 @@ class TokenizerManager:
         worker: WorkerReady,
         check_alive: Callable[[], str | None],
         observer: Callable[[ReqState, ReqOutput], None] | None = None,
+        model_path: str | None = None,
     ):
+        """args: with local directories (launcher.prepare_checkpoint); model_path: the checkpoint as
+        the user named it (default args.model_path), which /get_model_info reports."""
         from transformers import AutoTokenizer
 
         self.args = args
+        self.weights = ServedWeights(model_path or args.model_path, args.model_path, worker.weights_fingerprint,
+                                     args.weight_version)
+        self._weights_change: WeightsChange | None = None
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
         # generation_config.json's sampling values for chat requests that leave them unset (--sampling-defaults)
         self.sampling_defaults = model_sampling_defaults(Path(args.model_path), args.sampling_defaults)
@@ -96,11 +118,15 @@ class TokenizerManager:
         self.max_token_bytes = max(len(t.encode("utf-8", "replace")) for t in self.tokenizer.get_vocab()) or 1
         self._check_alive = check_alive  # -> None, or why the backend is gone
         self._observer = observer  # sees every output before it is applied (metrics)
+        # why prompts miss the prefix cache: fed with every finished request (GET /cache_report)
+        self.cache_report = CacheDiagnosis(cache_enabled=not args.disable_radix_cache)
         self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="radixrt-tokenize")
         self._ctx = zmq.Context()
         self._to_scheduler: Sender[FrontendMsg] = Sender(self._ctx, addrs.scheduler_in)
         self._from_scheduler: Receiver[SchedulerToFrontend] = Receiver(self._ctx, addrs.frontend_in, SchedulerToFrontend)
-        self._control_waiters: dict[str, queue.SimpleQueue[ControlReply | BackendDied]] = {}
+        # close() wakes the receiving thread through its own socket instead of waiting out its receive timeout
+        self._wake: Sender[SchedulerToFrontend] = Sender(self._ctx, addrs.frontend_in)
+        self._control_waiters: dict[str, queue.SimpleQueue[ControlReply | WeightsUpdateReply | BackendDied]] = {}
         self._states: dict[str, ReqState] = {}
         self._lock = threading.Lock()  # guards _states, _control_waiters and the sender
         self.dead: str | None = None
@@ -232,7 +258,7 @@ class TokenizerManager:
             rid = it.rid or uuid.uuid4().hex
             detok = IncrementalDetokenizer(self.tokenizer, it.sampling)
             states.append(ReqState(rid, p.ids, it.sampling, detok, notify, it.return_logprob, it.return_text_in_logprobs,
-                                   log_metrics=it.log_metrics))
+                                   log_metrics=it.log_metrics, weight_version=self.weights.version))
             msgs.append(TokenizedRequest(rid, p.ids, it.sampling, it.return_logprob, p.logprob_start,
                                          it.top_logprobs_num, it.cache_salt))
         with self._lock:
@@ -242,6 +268,8 @@ class TokenizerManager:
                     raise RequestError(f"rid {s.rid!r} is already in use", "rid")
                 rids.add(s.rid)
             self._states.update((s.rid, s) for s in states)
+            if self._weights_change is not None:  # they wait for the update: the new weights serve them
+                self._weights_change.submitted += states
             sent = 0
             try:
                 for msg in msgs:
@@ -286,14 +314,60 @@ class TokenizerManager:
         Raises BackendDied when the backend is gone, TimeoutError when it does not answer."""
         return self._ask(FlushCache, "flush_cache", timeout)
 
-    def _ask(self, query: Callable[[str], ControlQuery], what: str, timeout: float) -> ControlReply:
+    def update_weights_from_disk(
+        self, local_path: str, model_path: str, abort_all_requests: bool = False, weight_version: str | None = None,
+        timeout: float | None = None,
+    ) -> UpdateWeightsResult:
+        """Serve the weights of the checkpoint at local_path (model_path: as the user named it). A
+        checkpoint that does not fit the running model (architecture, tensor names or shapes, read
+        from headers) is refused at once; otherwise requests sent before this finish on the old
+        weights (or are aborted, with abort_all_requests), later ones wait, and the call returns
+        once the new weights serve (timeout None: however long the old requests take).
+        weight_version (SGLang's): the label results report from now on (None: unchanged).
+        Raises BackendDied, TimeoutError."""
+        why = incompatibility(self.weights.local_path, local_path)
+        if why is not None:
+            return UpdateWeightsResult(False, f"{why}; the weights of {self.weights.model_path} keep serving")
+        new = ServedWeights(model_path, local_path, "", weight_version or self.weights.version)
+
+        def query(query_id: str) -> UpdateWeights:  # called under the lock, as the message is sent
+            if self._weights_change is not None:
+                raise RequestError("another weight update is in progress", "model_path")
+            self._weights_change = WeightsChange(query_id, new, [])
+            return UpdateWeights(query_id, local_path, abort_all_requests)
+
+        try:
+            reply = self._ask(query, "update_weights_from_disk", timeout)
+        except BaseException:
+            with self._lock:
+                if self._weights_change is not None and self._weights_change.weights is new:
+                    self._weights_change = None
+            raise
+        message = reply.message + (f" Weight version updated to {weight_version}." if reply.success and weight_version else "")
+        return UpdateWeightsResult(reply.success, message, reply.num_paused_requests)
+
+    def _apply_weights_change(self, reply: WeightsUpdateReply) -> None:
+        """On the receiving thread, before any later output: the requests that waited for the
+        update report the version that served them."""
+        with self._lock:
+            change, self._weights_change = self._weights_change, None
+        if change is None or change.query_id != reply.query_id or not reply.success:
+            return
+        self.weights = dataclasses.replace(change.weights, fingerprint=reply.weights_fingerprint)
+        for s in change.submitted:
+            s.weight_version = self.weights.version
+        logger.info("now serving the weights of %s (fingerprint %s, version %s)", self.weights.model_path,
+                    self.weights.fingerprint, self.weights.version)
+
+    def _ask(self, query: Callable[[str], ControlQuery], what: str, timeout: float | None) -> Any:
         """Send query(a fresh query id) and wait for the scheduler's reply (what: its name in the timeout error)."""
         if self.dead:
             raise BackendDied(self.dead)
         query_id, box = uuid.uuid4().hex, queue.SimpleQueue()
         with self._lock:
+            msg = query(query_id)
             self._control_waiters[query_id] = box
-            self._to_scheduler.send(query(query_id))
+            self._to_scheduler.send(msg)
         try:
             reply = box.get(timeout=timeout)
         except queue.Empty:
@@ -325,7 +399,9 @@ class TokenizerManager:
             self.backend_died(f"the frontend's receiving thread failed: {type(e).__name__}: {e}")
 
     def _dispatch(self, msg: SchedulerToFrontend) -> None:
-        if isinstance(msg, ControlReply):
+        if isinstance(msg, WeightsUpdateReply):
+            self._apply_weights_change(msg)
+        if isinstance(msg, (ControlReply, WeightsUpdateReply)):
             with self._lock:
                 box = self._control_waiters.get(msg.query_id)
             if box is not None:  # else its caller timed out and left
@@ -338,6 +414,11 @@ class TokenizerManager:
                     del self._states[out.rid]
             if state is None:
                 continue
+            if out.finish is not None and state.log_metrics:
+                try:
+                    self.cache_report.observe(state.prompt_ids, out.cached_tokens, state.output_ids + out.new_ids)
+                except Exception:  # noqa: BLE001 - a diagnosis must not cost a request its answer
+                    logger.exception("the cache diagnosis failed on %s", out.rid)
             if self._observer is not None and state.log_metrics:
                 try:
                     self._observer(state, out)
@@ -376,6 +457,7 @@ class TokenizerManager:
         if not self.dead:
             with self._lock:
                 self._to_scheduler.send(Shutdown())
+        self._wake.send(TokenBatchOut([]))  # the receiving thread sees _closed at once
         self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._ctx.destroy(linger=0)

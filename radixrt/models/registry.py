@@ -41,6 +41,17 @@ def load_model(
     return model.to(dtype=dtype).eval()
 
 
+def reload_weights(model: torch.nn.Module, path: str | Path, device: torch.device) -> None:
+    """Fill a built model's parameters in place from the checkpoint at path (same names and shapes;
+    values converted to each parameter's dtype), so captured graphs and held references stay valid.
+    A linear layer holding its own copy of a tied embedding (cpu_matmul.hold_linear_weights_in)
+    is refreshed from the new embedding. On an exception the model is part old, part new."""
+    model.load_weights(iter_safetensors(Path(path), device))
+    head, embed = model.lm_head.weight, model.embed_tokens.weight
+    if model.cfg.tie_word_embeddings and head is not embed:
+        head.data.copy_(embed.data)
+
+
 def iter_safetensors(path: Path, device: torch.device) -> Iterator[tuple[str, Any]]:
     """Lazy tensors of a checkpoint (one model.safetensors or the shards its index lists):
     indexing a slice reads only that part, so a rank never loads the whole model."""

@@ -49,6 +49,15 @@ class KVTiers:
         for tmp in d.glob("*.tmp*"):  # a write cut short by a crash
             tmp.unlink(missing_ok=True)
 
+    def switch_disk(self, disk_dir: str, disk_pages: int) -> None:
+        """New weights: the disk tier is now the directory of their fingerprint, with the pages a
+        previous run under those weights left there. The old directory is not touched (moves
+        written to it were taken before the switch)."""
+        assert not self.moves, "moves for the old disk directory are still pending"
+        self.disk = TierIndex(disk_pages)
+        self.disk_dir = Path(disk_dir)
+        self._adopt_disk(self.disk_dir)
+
     def take_moves(self) -> list[KVMove]:
         out, self.moves = self.moves, []
         self._unwritten.clear()

@@ -30,6 +30,9 @@ from radixrt.messages import (
     ReqOutput,
     SlotInit,
     TokenizedRequest,
+    UpdateWeights,
+    WeightsLoaded,
+    WeightsUpdateReply,
     WorkerReady,
 )
 from radixrt.scheduler.bad_input import (
@@ -54,6 +57,7 @@ from radixrt.scheduler.logprobs import (
 from radixrt.scheduler.policy import SCHEDULE_POLICIES
 from radixrt.scheduler.req import Req, lengthened_namespace, longrope_namespace
 from radixrt.scheduler.stop import StopChecker
+from radixrt.scheduler.weight_update import ABORTED_FOR_UPDATE, PendingUpdate
 
 logger = logging.getLogger(__name__)
 GRAMMAR_POLL_MS = 5  # how often a scheduler with only compiling grammars looks for them
@@ -86,6 +90,10 @@ class Scheduler:
             tiers = KVTiers(worker.host_pages, args.enable_hierarchical_cache, worker.disk_dir, worker.disk_pages)
         self.mem = KVMemory(worker.num_pages, worker.page_size, use_cache=not args.disable_radix_cache, tiers=tiers)
         self.bytes_per_token = worker.bytes_per_token
+        # what one rank allocated (get_server_info; `radixrt estimate` predicts the same figures)
+        self.memory_figures = {"kv_pool_bytes": worker.kv_pool_bytes, "page_table_bytes": worker.page_table_bytes,
+                               "weight_bytes": worker.weight_bytes}
+        self.update: PendingUpdate | None = None  # a weight update waiting for the old weights' requests
         self.vocab_size = worker.vocab_size
         self.long_prompt_threshold = worker.long_prompt_threshold
         self.stop = StopChecker(tokenizer, worker.eos_ids, worker.context_length)
@@ -104,7 +112,7 @@ class Scheduler:
         self.admissions = 0
         self.counters = dict.fromkeys(
             ("retractions", "prompt_tokens", "cached_prompt_tokens", "swaps_out", "swaps_in", "recomputed_tokens",
-             "jump_forward_tokens"), 0
+             "jump_forward_tokens", "weight_updates"), 0
         )
         self.tier_move_seconds = 0.0
 
@@ -123,7 +131,11 @@ class Scheduler:
     # -- requests in and out --------------------------------------------------
 
     def add_request(self, msg: TokenizedRequest) -> None:
-        """Queue msg, or answer it with a 400 abort when the model cannot run it."""
+        """Queue msg, or answer it with a 400 abort when the model cannot run it. During a weight
+        update it waits, unchecked, for the new weights."""
+        if self.update is not None:
+            self.update.held.append(msg)
+            return
         why = request_problem(msg, self.vocab_size, self.stop.context_length)
         if why is not None:
             logger.error("refused request %s: %s", msg.rid, why)
@@ -153,9 +165,14 @@ class Scheduler:
             self._drop(held, bad_request(why))
 
     def abort(self, rid: str) -> None:
+        reason = FinishReason("abort", message="aborted by client")
+        waiting_for_update = self.update.release(rid) if self.update is not None else None
+        if waiting_for_update is not None:
+            self.outbox.append(ReqOutput(rid, [], reason, len(waiting_for_update.input_ids)))
+            return
         r = self._held(rid)
         if r is not None:
-            self._drop(r, FinishReason("abort", message="aborted by client"))
+            self._drop(r, reason)
 
     def _held(self, rid: str) -> Req | None:
         compiling = [r for r, _ in self.grammars.pending]
@@ -189,6 +206,44 @@ class Scheduler:
             return f"cannot flush the cache while {len(self.running)} running and {len(self.waiting)} waiting requests use it"
         self.mem.flush()
         return None
+
+    # -- weight updates ---------------------------------------------------------
+
+    def begin_weight_update(self, msg: UpdateWeights) -> WeightsUpdateReply | None:
+        """From now on new requests wait; with abort_all_requests every request in the system ends
+        now. Returns a refusal when an update is already under way."""
+        if self.update is not None:
+            return WeightsUpdateReply(msg.query_id, False, "another weight update is in progress")
+        if msg.abort_all_requests:
+            compiling = [r for r, _ in self.grammars.pending]
+            for r in self.waiting + self.running + compiling:
+                self._drop(r, FinishReason("abort", message=ABORTED_FOR_UPDATE))
+        self.update = PendingUpdate(msg)
+        return None
+
+    @property
+    def update_due(self) -> bool:
+        """A weight update waits and the old weights' requests are all done: the workers may load."""
+        return self.update is not None and self.idle
+
+    def finish_weight_update(self, loaded: WeightsLoaded) -> WeightsUpdateReply:
+        """The workers answered. On success every page computed with the old weights leaves the
+        device and host tiers, and the disk tier moves to the new weights' directory (the old one
+        stays on disk for a rollback). Either way the held requests enter now, after the reply."""
+        upd, self.update = self.update, None
+        assert upd is not None, "WeightsLoaded without a pending update"
+        if loaded.success:
+            self.mem.flush()
+            if self.mem.tiers is not None and loaded.disk_dir:
+                self.mem.tiers.switch_disk(loaded.disk_dir, loaded.disk_pages)
+            self.counters["weight_updates"] += 1
+        else:
+            logger.error("weight update from %s refused: %s", upd.msg.model_path, loaded.message)
+        reply = WeightsUpdateReply(upd.msg.query_id, loaded.success, loaded.message, loaded.weights_fingerprint,
+                                   len(upd.held))
+        for msg in upd.held:
+            self.add_request(msg)
+        return reply
 
     # -- the scheduling decision ----------------------------------------------
 
@@ -449,5 +504,8 @@ class Scheduler:
             "bytes_per_token": self.bytes_per_token,
             "tier_move_seconds": self.tier_move_seconds,
             "forward_steps": self.step_no,
+            "weight_update_pending": int(self.update is not None),
+            "held_for_weight_update": len(self.update.held) if self.update is not None else 0,
+            **self.memory_figures,
             **self.counters,
         }

@@ -1,17 +1,22 @@
 """The children's entry point: what a worker rank or the scheduler runs first.
 
 The launcher starts each child as `python -c "from radixrt.server.child import main; main()"`
-and writes one msgpack-encoded ChildSpec to its stdin. Unlike multiprocessing's spawn, this
-never re-imports the caller's `__main__` (so `radixrt.Engine(...)` works at the top level of a
-plain script) and pickles nothing. This module owns the spec and its decoding; the process
-loops stay in run_worker and run_scheduler.
+and writes one msgpack-encoded ChildSpec to its stdin, as a length-prefixed frame. The scheduler
+starts beside the worker ranks and gets a second frame, their WorkerReady, once they are up:
+it spends the ranks' start-up importing and loading its tokenizer instead of waiting for them.
+Unlike multiprocessing's spawn, this never re-imports the caller's `__main__` (so
+`radixrt.Engine(...)` works at the top level of a plain script) and pickles nothing. This module
+owns the spec, the frames and their decoding; the process loops stay in run_worker and run_scheduler.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
+import struct
 import sys
-from typing import Literal
+from typing import Any, BinaryIO, Literal
 
 import msgspec
 
@@ -32,7 +37,6 @@ class ChildSpec(msgspec.Struct, frozen=True):
     parent_pid: int
     sys_path: list[str]  # the parent's: the child imports what the parent would
     rank: int = 0  # the worker's tensor-parallel rank
-    worker: WorkerReady | None = None  # the scheduler's view of the ranks (role "scheduler" only)
 
 
 def command() -> list[str]:
@@ -40,18 +44,30 @@ def command() -> list[str]:
     return [sys.executable, "-c", BOOTSTRAP]
 
 
-def encode(spec: ChildSpec) -> bytes:
-    return msgspec.msgpack.encode(spec)
+def encode(msg: ChildSpec | WorkerReady) -> bytes:
+    """One stdin frame: a 4-byte big-endian length, then the msgpack message."""
+    data = msgspec.msgpack.encode(msg)
+    return struct.pack(">I", len(data)) + data
+
+
+def read_frame(stream: BinaryIO, kind: type) -> Any:
+    """The next frame from the launcher, decoded as kind. A launcher that died before sending it
+    (end of input) ends this child."""
+    head = stream.read(4)
+    if len(head) < 4:
+        raise SystemExit(1)
+    (n,) = struct.unpack(">I", head)
+    data = stream.read(n)
+    if len(data) < n:
+        raise SystemExit(1)
+    return msgspec.msgpack.decode(data, type=kind)
 
 
 def main() -> None:
     # The launcher stops children; a terminal's Ctrl-C (sent to the whole process group)
     # must not interrupt one while it is still importing. configure_child keeps this.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    data = sys.stdin.buffer.read()
-    if not data:  # the parent died before sending the spec
-        raise SystemExit(1)
-    spec = msgspec.msgpack.decode(data, type=ChildSpec)
+    spec: ChildSpec = read_frame(sys.stdin.buffer, ChildSpec)
     # NOTE: `-c` put the cwd first on sys.path; a folder there (the repo's kernels/, say)
     # could shadow a package that transformers probes. Import the rest as the parent does.
     sys.path[:] = spec.sys_path
@@ -62,5 +78,10 @@ def main() -> None:
     else:
         from radixrt.scheduler.scheduler_proc import run_scheduler
 
-        assert spec.worker is not None, "the scheduler's spec carries the workers' WorkerReady"
-        run_scheduler(spec.args, spec.addrs, spec.worker, spec.parent_pid)
+        run_scheduler(spec.args, spec.addrs, lambda: read_frame(sys.stdin.buffer, WorkerReady), spec.parent_pid)
+    # A clean stop: everything it owed was sent (the disk tier written) before its loop returned.
+    # Skip the interpreter's teardown of torch, transformers and zmq (about half a second per child).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

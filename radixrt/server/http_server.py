@@ -32,7 +32,7 @@ from radixrt.server.schemas import openapi_schemas
 
 logger = logging.getLogger(__name__)
 OPEN_PREFIXES = ("/health", "/metrics")  # probes and scrapers need no key (as in SGLang)
-ADMIN_PATHS = ("/abort_request", "/flush_cache")  # SGLang's ADMIN_OPTIONAL routes
+ADMIN_PATHS = ("/abort_request", "/flush_cache", "/update_weights_from_disk")  # SGLang's ADMIN_OPTIONAL routes
 
 
 def bearer_matches(header: str | None, key: str) -> bool:

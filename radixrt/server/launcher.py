@@ -8,6 +8,7 @@ the typed ones.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 import zmq
 
 from radixrt.config import ServerArgs
+from radixrt.errors import RequestError
 from radixrt.frontend.sampling_defaults import model_sampling_defaults
 from radixrt.ipc import Receiver
 from radixrt.messages import ChildFailed, ReadyMsg, SchedulerReady, WorkerReady
@@ -47,6 +49,15 @@ def prepare_checkpoint(args: ServerArgs) -> ServerArgs:
     return local
 
 
+def resolve_update_path(args: ServerArgs, model_path: str) -> str:
+    """The local checkpoint directory of a weight update's model_path (a directory, or a Hugging
+    Face repo id through the cache, at args.revision, as at start). Raises RequestError naming it."""
+    try:
+        return resolve_model_source(dataclasses.replace(args, model_path=model_path, tokenizer_path=None)).model_path
+    except ValueError as e:
+        raise RequestError(str(e), "model_path") from None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -56,14 +67,21 @@ def free_port() -> int:
 class Child:
     """One started child process: multiprocessing.Process's name, pid and exitcode."""
 
-    def __init__(self, name: str, spec: child.ChildSpec, env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, spec: child.ChildSpec, env: dict[str, str] | None = None, more: bool = False) -> None:
+        """more: keep its stdin open for one more frame (send), as the scheduler waits for the ranks' WorkerReady."""
         self.name = name
         # stdout and stderr are inherited: the children log where the parent does
         self._proc = subprocess.Popen(child.command(), stdin=subprocess.PIPE, env=env)
+        self.send(spec, last=not more)
+
+    def send(self, msg: child.ChildSpec | WorkerReady, last: bool = True) -> None:
+        """Write one frame to its stdin (closed after the last)."""
         try:
-            self._proc.stdin.write(child.encode(spec))
-            self._proc.stdin.close()
-        except BrokenPipeError:  # it died at once; check_alive says how
+            self._proc.stdin.write(child.encode(msg))
+            self._proc.stdin.flush()
+            if last:
+                self._proc.stdin.close()
+        except BrokenPipeError:  # it died; check_alive says how
             pass
 
     @property
@@ -106,10 +124,12 @@ class Backend:
             # fires when the thread that started them exits.
             for rank in ranks:
                 self._start(f"radixrt-worker-{rank}", "worker", args, rank=rank)
+            # the scheduler imports and loads its tokenizer while the ranks start; then it gets their report
+            scheduler = self._start("radixrt-scheduler", "scheduler", args) if args.node_rank == 0 else None
             # every rank reports; they agreed on one pool, so any report describes them all
             self.worker: WorkerReady = [self._wait_ready(WorkerReady) for _ in ranks][0]
-            if args.node_rank == 0:
-                self._start("radixrt-scheduler", "scheduler", args, worker=self.worker)
+            if scheduler is not None:
+                scheduler.send(self.worker)
                 self._wait_ready(SchedulerReady)
         except BaseException:  # the ones already up wait for steps that never come: stop them now
             for p in self.processes:
@@ -117,16 +137,16 @@ class Backend:
             self.shutdown(timeout=2.0)
             raise
 
-    def _start(
-        self, name: str, role: child.Role, args: ServerArgs, rank: int = 0, worker: WorkerReady | None = None
-    ) -> None:
-        spec = child.ChildSpec(role, args, self.addrs, os.getpid(), list(sys.path), rank=rank, worker=worker)
+    def _start(self, name: str, role: child.Role, args: ServerArgs, rank: int = 0) -> Child:
+        spec = child.ChildSpec(role, args, self.addrs, os.getpid(), list(sys.path), rank=rank)
         env = None
         if role == "worker":
             tcmalloc = find_tcmalloc()
             logger.info("%s allocator: %s", name, tcmalloc or "glibc, keeping freed memory (no tcmalloc found)")
             env = worker_env(tcmalloc=tcmalloc)
-        self.processes.append(Child(name, spec, env))
+        proc = Child(name, spec, env, more=role == "scheduler")
+        self.processes.append(proc)
+        return proc
 
     def _wait_ready(self, kind: type) -> ReadyMsg:
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -1,5 +1,6 @@
 """Prometheus metrics for /metrics: latencies and token counts from the frontend's view,
-scheduler gauges (queues, KV pool, cache) read from the scheduler at scrape time.
+scheduler gauges (queues, KV pool, cache) read from the scheduler at scrape time, and the prefix-cache
+diagnosis of recent requests (GET /cache_report) read from the frontend at scrape time.
 
 One CollectorRegistry per server (no module-level state).
 """
@@ -7,11 +8,12 @@ One CollectorRegistry per server (no module-level state).
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from radixrt.frontend.cache_report import DIVERGENCE_BUCKETS, divergence_position
 from radixrt.frontend.req_state import ReqState
 from radixrt.messages import ReqOutput
 
@@ -57,8 +59,33 @@ class _SchedulerCollector:
             yield GaugeMetricFamily(name, help_text, value=float(s.get(key, 0)))
 
 
+class _CacheReportCollector:
+    """Gauges from CacheDiagnosis.report() (radixrt/frontend/cache_report.py), over its recent requests."""
+
+    def __init__(self, report: Callable[[], dict[str, Any]]) -> None:
+        self._report = report
+
+    def collect(self):
+        rep = self._report()
+        early = f"share of recent prompts diverging from the cache within their first {rep['first_n']} tokens"
+        yield GaugeMetricFamily("radixrt:cache_report_prompts", "recent prompts the cache diagnosis covers",
+                                value=rep["prompts"])
+        yield GaugeMetricFamily("radixrt:cache_early_divergence_share", early, value=rep["early_divergence_share"])
+        causes = GaugeMetricFamily("radixrt:cache_cause_share",
+                                   "share of recent prompts showing each cause of cache misses (GET /cache_report)",
+                                   labels=["kind"])
+        for kind, share in rep["cause_shares"].items():
+            causes.add_metric([kind], share)
+        yield causes
+        yield GaugeMetricFamily("radixrt:cache_shared_prefix_hit_rate",
+                                "hit rate of recent prompts that share a system prompt with a recent prompt",
+                                value=rep["shared_prefix"]["hit_rate"])
+
+
 class ServerMetrics:
-    def __init__(self, scheduler_stats: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, scheduler_stats: Callable[[], dict[str, float]],
+                 cache_report: Callable[[], dict[str, Any]] | None = None) -> None:
+        """scheduler_stats and cache_report (CacheDiagnosis.report, optional) are read at each scrape."""
         self.registry = r = CollectorRegistry()
         self.ttft = Histogram("radixrt:time_to_first_token_seconds", "time to first token", buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("radixrt:inter_token_latency_seconds", "time between output tokens", buckets=LATENCY_BUCKETS, registry=r)
@@ -67,7 +94,12 @@ class ServerMetrics:
         self.generation_tokens = Counter("radixrt:generation_tokens", "generated tokens", registry=r)
         self.cached_tokens = Counter("radixrt:cached_tokens", "prompt tokens reused from the prefix cache", registry=r)
         self.requests = Counter("radixrt:requests", "finished requests by finish reason", ["finish_reason"], registry=r)
+        self.divergence = Histogram("radixrt:cache_divergence_tokens",
+                                    "where each prompt diverged from its cached match (fully matched: its length)",
+                                    buckets=DIVERGENCE_BUCKETS, registry=r)
         r.register(_SchedulerCollector(scheduler_stats))
+        if cache_report is not None:
+            r.register(_CacheReportCollector(cache_report))
 
     def observe(self, state: ReqState, out: ReqOutput) -> None:
         """Called with each output before it is applied to the request's state."""
@@ -84,6 +116,7 @@ class ServerMetrics:
             self.e2e.observe(now - state.created)
             self.prompt_tokens.inc(len(state.prompt_ids))
             self.cached_tokens.inc(out.cached_tokens)
+            self.divergence.observe(divergence_position(len(state.prompt_ids), out.cached_tokens))
             self.requests.labels(out.finish.type).inc()
 
     def render(self) -> bytes:

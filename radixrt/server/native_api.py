@@ -10,12 +10,15 @@ from typing import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N
 from radixrt.frontend.generate_input import GenerateInput, GenerateRequest
+from radixrt.frontend.weights import check_update_options, model_info
 from radixrt.server.http_common import (
     SSE_DONE, ApiError, ServerContext, Submission, body_schema, error_body, error_response, failure, generate_input,
     json_response, read_typed, sse
 )
-from radixrt.server.schemas import AbortBody
+from radixrt.server.launcher import resolve_update_path
+from radixrt.server.schemas import UPDATE_CALL_FIELDS, AbortBody, UpdateWeightsBody
 
 SECRET_ARGS = ("api_key", "admin_api_key")  # left out of /server_info
 
@@ -25,6 +28,7 @@ def add_native_routes(app: FastAPI, ctx: ServerContext) -> None:
     _add_health(app, ctx)
     _add_info(app, ctx)
     _add_admin(app, ctx)
+    _add_cache_report(app, ctx)
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -72,19 +76,15 @@ def _add_health(app: FastAPI, ctx: ServerContext) -> None:
 def _add_info(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/get_model_info")
     @app.get("/model_info")
-    async def model_info() -> Response:
-        return json_response({
-            "model_path": ctx.args.model_path,
-            "tokenizer_path": ctx.args.tokenizer_path or ctx.args.model_path,
-            "served_model_name": ctx.args.model_name,
-            "is_generation": True,
-        })
+    async def get_model_info() -> Response:
+        return json_response(model_info(ctx.args, ctx.manager.weights))
 
     @app.get("/get_server_info")
     @app.get("/server_info")
     def server_info() -> Response:
         info = {k: v for k, v in asdict(ctx.args).items() if k not in SECRET_ARGS}
-        info.update(ctx.manager.stats(), version=ctx.version, context_length=ctx.manager.context_length)
+        info.update(ctx.manager.stats(), version=ctx.version, context_length=ctx.manager.context_length,
+                    model_path=ctx.manager.weights.model_path, weight_version=ctx.manager.weights.version)
         return json_response(info)
 
 
@@ -96,6 +96,17 @@ def _add_admin(app: FastAPI, ctx: ServerContext) -> None:
             return error_response(ApiError(400, reply.error))
         return Response("Cache flushed.\n", status_code=200)
 
+    @app.post("/update_weights_from_disk", openapi_extra=body_schema("UpdateWeightsBody"))
+    async def update_weights_from_disk(request: Request) -> Response:
+        body: UpdateWeightsBody = await read_typed(ctx, request, UpdateWeightsBody)
+        options = {f: getattr(body, f) for f in body.__struct_fields__ if f not in UPDATE_CALL_FIELDS}
+        check_update_options(**options)
+        local = await ctx.manager.run_off_loop(resolve_update_path, ctx.args, body.model_path)
+        result = await ctx.manager.run_off_loop(
+            ctx.manager.update_weights_from_disk, local, body.model_path, body.abort_all_requests, body.weight_version
+        )
+        return json_response(result._asdict(), 200 if result.success else 400)
+
     @app.post("/abort_request", openapi_extra=body_schema("AbortBody"))
     async def abort_request(request: Request) -> Response:
         body: AbortBody = await read_typed(ctx, request, AbortBody)
@@ -106,6 +117,14 @@ def _add_admin(app: FastAPI, ctx: ServerContext) -> None:
         else:
             raise ApiError(400, "abort_request needs a rid (or abort_all: true)", param="rid")
         return Response(status_code=200)
+
+
+def _add_cache_report(app: FastAPI, ctx: ServerContext) -> None:
+    @app.get("/cache_report")
+    def cache_report(first_n: int = CACHE_REPORT_FIRST_N) -> Response:
+        if first_n < 1:
+            raise ApiError(400, f"first_n must be >= 1, got {first_n}", param="first_n")
+        return json_response(ctx.manager.cache_report.report(first_n))
 
 
 async def _native_stream(sub: Submission) -> AsyncIterator[bytes]:

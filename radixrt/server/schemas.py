@@ -177,7 +177,29 @@ class AbortBody(msgspec.Struct, forbid_unknown_fields=True):
     abort_all: bool = False
 
 
-BODY_TYPES: tuple[type, ...] = (GenerateRequest, CompletionRequest, ChatCompletionRequest, AbortBody)
+class UpdateWeightsBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """SGLang 0.5.9's UpdateWeightFromDiskReqInput, every field (frontend/weights.py checks the
+    ones radixrt cannot honour)."""
+
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    is_async: bool = False
+    torch_empty_cache: bool = False
+    keep_pause: bool = False
+    recapture_cuda_graph: bool = False
+    token_step: int = 0
+    flush_cache: bool = True
+    manifest: dict[str, Any] | None = None
+    # BaseReq's: a control call has no request to name, and no multi-process HTTP worker here
+    rid: str | list[str] | None = None
+    http_worker_ipc: str | None = None
+
+
+# UpdateWeightsBody fields the call takes itself; the rest are options (frontend/weights.check_update_options)
+UPDATE_CALL_FIELDS = ("model_path", "abort_all_requests", "weight_version", "rid", "http_worker_ipc")
+BODY_TYPES: tuple[type, ...] = (GenerateRequest, CompletionRequest, ChatCompletionRequest, AbortBody, UpdateWeightsBody)
 
 
 def decode_body(raw: bytes, kind: type) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -32,16 +33,36 @@ from radixrt.kernels import PagedKVCache
 from radixrt.messages import DISK_PAGE_GLOB, KVMove, MoveKind, disk_page_name
 from radixrt.worker.kv_pool import available_host_bytes
 
+logger = logging.getLogger(__name__)
 DIGESTS_FILE = "weights-digests.json"  # in hicache_dir: file digests by path, size and mtime
 
 
-def weights_fingerprint(args: ServerArgs, dtype: torch.dtype, fp8_scales: list[float] | None = None) -> str:
+def digest_memo_dir(args: ServerArgs) -> Path:
+    """Where file digests are remembered: the disk tier's directory, else the user's cache."""
+    if args.hicache_dir is not None:
+        return Path(args.hicache_dir)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "radixrt"
+
+
+def weights_fingerprint(
+    args: ServerArgs, dtype: torch.dtype, fp8_scales: list[float] | None = None, model_path: str | None = None
+) -> str:
     """What makes KV reusable across runs: the weights' whole content (config.json and a digest of
     each safetensors file; where the files live does not matter), the dtypes, the page size, the
-    tensor-parallel split and an fp8 pool's per-layer scales (stored bytes mean nothing without them). File digests are remembered in hicache_dir by path, size and
-    mtime, so a restart does not rehash gigabytes."""
-    root, memo_path = Path(args.model_path), Path(args.hicache_dir) / DIGESTS_FILE
-    memo = json.loads(memo_path.read_text()) if memo_path.exists() else {}
+    tensor-parallel split and an fp8 pool's per-layer scales (stored bytes mean nothing without them).
+    model_path: the checkpoint (default args.model_path; a weight update names the new one). File
+    digests are remembered by path, size and mtime (digest_memo_dir), so a restart does not rehash
+    gigabytes."""
+    root = Path(model_path or args.model_path)
+    memo_path = digest_memo_dir(args) / DIGESTS_FILE
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        memo = json.loads(memo_path.read_text()) if memo_path.exists() else {}
+    except OSError as e:
+        if args.hicache_dir is not None:
+            raise ValueError(f"hicache_dir {args.hicache_dir!r} is not writable: {e.strerror or e}") from None
+        logger.warning("cannot keep weight digests in %s (%s): every start rehashes the weights", memo_path.parent, e)
+        memo_path, memo = None, {}
     h = hashlib.sha256((root / "config.json").read_bytes())
     for f in sorted(root.glob("*.safetensors")):
         st = f.stat()
@@ -53,9 +74,13 @@ def weights_fingerprint(args: ServerArgs, dtype: torch.dtype, fp8_scales: list[f
                     digest.update(chunk)
             memo[stamp] = digest.hexdigest()
         h.update(f"{f.name}:{memo[stamp]}".encode())
-    tmp = memo_path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(memo))
-    os.replace(tmp, memo_path)
+    if memo_path is not None:
+        tmp = memo_path.with_suffix(f".tmp{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(memo))
+            os.replace(tmp, memo_path)
+        except OSError as e:  # the digests are only a shortcut; prepare_disk_dir checks hicache_dir itself
+            logger.warning("cannot keep weight digests in %s: %s", memo_path.parent, e)
     h.update(json.dumps([str(dtype), args.kv_cache_dtype, args.page_size, args.tp_size]).encode())
     if fp8_scales is not None:
         h.update(json.dumps(fp8_scales).encode())
@@ -85,13 +110,12 @@ def plan_host_pages(args: ServerArgs, num_pages: int, page_bytes: int, device: t
     return pages
 
 
-def prepare_disk_dir(
-    args: ServerArgs, dtype: torch.dtype, page_bytes: int, fp8_scales: list[float] | None = None
-) -> tuple[Path, int]:
-    """The disk tier's directory for this model (checked writable, created) and its capacity in pages."""
+def prepare_disk_dir(args: ServerArgs, fingerprint: str, page_bytes: int) -> tuple[Path, int]:
+    """The disk tier's directory for the weights of this fingerprint (checked writable, created) and
+    its capacity in pages."""
     try:
         Path(args.hicache_dir).mkdir(parents=True, exist_ok=True)
-        d = Path(args.hicache_dir) / weights_fingerprint(args, dtype, fp8_scales)
+        d = Path(args.hicache_dir) / fingerprint
         d.mkdir(exist_ok=True)
         probe = d / f".probe-{os.getpid()}"
         probe.write_bytes(b"ok")

@@ -19,16 +19,19 @@ import torch
 from radixrt.config import ServerArgs
 from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend, default_attention_backend
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
-from radixrt.messages import BatchEntry, BatchResult, EntryError, EntryLogprobs, ForwardBatch, KVMove, WorkerReady
-from radixrt.models import ModelConfig, load_model
+from radixrt.messages import (
+    BatchEntry, BatchResult, EntryError, EntryLogprobs, ForwardBatch, KVMove, WeightsLoaded, WorkerReady
+)
+from radixrt.models import ModelConfig, load_model, reload_weights
 from radixrt.models.cpu_matmul import choose_matmul_dtype, hold_linear_weights_in
 from radixrt.models.dtype import resolve_dtype
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
 from radixrt.worker.cuda_graph import DecodeGraphRunner, capture_sizes
-from radixrt.worker.kv_calibration import PrecisionReport, calibration_prompts, check_quantized_pool
-from radixrt.worker.kv_pool import plan_num_pages
-from radixrt.worker.kv_tiers import KVTierStore, plan_host_pages, prepare_disk_dir
+from radixrt.utils.checkpoint_meta import incompatibility
+from radixrt.worker.kv_calibration import KVCalibrationError, PrecisionReport, calibration_prompts, check_quantized_pool
+from radixrt.worker.kv_pool import PAGE_TABLE_DTYPE, page_table_shape, plan_num_pages
+from radixrt.worker.kv_tiers import KVTierStore, plan_host_pages, prepare_disk_dir, weights_fingerprint
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
 from radixrt.worker.sampler import Sampler, mask_disallowed
 
@@ -66,8 +69,10 @@ class ModelRunner:
             logger.info("worker %d: %d threads on cores %s", rank, torch.get_num_threads(), sorted(os.sched_getaffinity(0)))
         self.tp = init_tensor_parallel(args, rank, dist_init, device)
         torch.manual_seed(args.random_seed)  # unseeded sampling draws from this
+        self.args = args
+        self.model_path = args.model_path  # the checkpoint now loaded (a weight update changes it)
         self.cfg = cfg = ModelConfig.from_dir(args.model_path)
-        dtype = DTYPES[resolve_dtype(cfg.torch_dtype, cfg.model_type, device.type, args.dtype)]
+        self.dtype = dtype = DTYPES[resolve_dtype(cfg.torch_dtype, cfg.model_type, device.type, args.dtype)]
         self.context_length = args.context_length or cfg.max_position_embeddings
         if self.context_length > cfg.max_position_embeddings:
             raise ValueError(
@@ -80,39 +85,46 @@ class ModelRunner:
         _, heads, _, kv_heads = rank_heads(cfg, self.tp)
         self.bytes_per_token = PagedKVCache.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype, args.kv_cache_dtype)
         ranks_per_memory = self.tp.size if device.type == "cpu" else 1  # CPU ranks share the host's RAM
-        num_pages = self._agree(plan_num_pages(args, self.bytes_per_token * ranks_per_memory, device))
+        num_pages = self._agree(plan_num_pages(args, self.bytes_per_token, device, self.context_length, ranks_per_memory))
         self.cache = PagedKVCache(
             cfg.num_layers, num_pages, args.page_size, kv_heads, cfg.head_dim, dtype, device, args.kv_cache_dtype
         )
-        backend = args.attention_backend or default_attention_backend(device.type)
+        self.backend_name = backend = args.attention_backend or default_attention_backend(device.type)
         self.attn = create_attention_backend(backend, self.cache, heads, cfg.head_dim, cfg.attention_layers())
         self.page_size = args.page_size
         slots = args.max_running_requests
         # page_table[slot, i]: the i-th page of the request on that slot
-        self.page_table = torch.zeros(slots, math.ceil(self.context_length / args.page_size) + 1, dtype=torch.int64, device=device)
+        self.page_table = torch.zeros(
+            page_table_shape(slots, self.context_length, args.page_size), dtype=PAGE_TABLE_DTYPE, device=device
+        )
         self.pages_used = [0] * slots
         # longrope: a request runs under the short or the long rope factors, as the scheduler says
         self.long_rope = self.model.rope if self.model.rope.long_from is not None else None
         self.long_slots = [False] * slots  # per slot, set when its request starts
         self.kv_check: PrecisionReport | None = None  # the quantized pool's start-up check
         if self.cache.quantized:  # before graph capture: fp8's scales are folded in there
-            self.kv_check = self._check_quantized_kv(args, backend, heads, cfg)
-        self.tiers = self._tier_store(args, rank, dtype)  # after the check: the disk tier is keyed by fp8's scales
+            self.kv_check = self._check_quantized_kv()
+        self.fingerprint = self._fingerprint()  # after the check: it covers fp8's scales
+        self.tiers = self._tier_store(args, rank)
         self.graphs = self._capture_decode_graphs(args)
         self.sampler = Sampler(slots, cfg.vocab_size, device)
         logger.info("worker ready: %s on %s, %d pages of %d tokens", cfg.model_type, device, num_pages, args.page_size)
 
-    def _check_quantized_kv(self, args: ServerArgs, backend: str, heads: int, cfg: ModelConfig) -> PrecisionReport:
+    def _check_quantized_kv(self) -> PrecisionReport:
         """Fit fp8 scales and compare quantized KV with model-dtype KV; refuse to start when too far."""
         from transformers import AutoTokenizer
 
+        args, cfg = self.args, self.cfg
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
         prompts = calibration_prompts(tokenizer, args.kv_calibration_file)
-        layers = cfg.attention_layers()
-        return check_quantized_pool(
-            self.model, self.attn, lambda pool: create_attention_backend(backend, pool, heads, cfg.head_dim, layers),
-            prompts, args.kv_scales_file, args.kv_quant_min_agreement,
-        )
+        layers, heads = cfg.attention_layers(), rank_heads(cfg, self.tp)[1]
+        make = lambda pool: create_attention_backend(self.backend_name, pool, heads, cfg.head_dim, layers)  # noqa: E731
+        return check_quantized_pool(self.model, self.attn, make, prompts, args.kv_scales_file, args.kv_quant_min_agreement)
+
+    def _fingerprint(self) -> str:
+        """The loaded weights' KV fingerprint: what the disk tier's directory is named by."""
+        fp8_scales = self.cache.k_scale + self.cache.v_scale if self.cache.layer_scaled else None
+        return weights_fingerprint(self.args, self.dtype, fp8_scales, self.model_path)
 
     def _capture_decode_graphs(self, args: ServerArgs) -> DecodeGraphRunner | None:
         """CUDA graphs need FlashInfer's fixed-buffer decode wrappers; every rank captures the same sizes."""
@@ -125,7 +137,7 @@ class ModelRunner:
                     time.perf_counter() - start)
         return graphs
 
-    def _tier_store(self, args: ServerArgs, rank: int, dtype: torch.dtype) -> KVTierStore | None:
+    def _tier_store(self, args: ServerArgs, rank: int) -> KVTierStore | None:
         """Host pages (hierarchical cache or swap space) and the disk tier, checked against what this machine has."""
         page_bytes = self.bytes_per_token * args.page_size
         host_pages = plan_host_pages(args, self.cache.num_pages, page_bytes, self.device)
@@ -133,8 +145,7 @@ class ModelRunner:
             return None
         disk_dir, disk_pages = None, 0
         if args.hicache_dir is not None:
-            fp8_scales = self.cache.k_scale + self.cache.v_scale if self.cache.layer_scaled else None
-            disk_dir, disk_pages = prepare_disk_dir(args, dtype, page_bytes, fp8_scales)
+            disk_dir, disk_pages = prepare_disk_dir(args, self.fingerprint, page_bytes)
         logger.info("host KV tier: %d pages%s", host_pages, f"; disk tier: {disk_pages} pages in {disk_dir}" if disk_dir else "")
         return KVTierStore(self.cache, host_pages, disk_dir, disk_pages, rank)
 
@@ -142,6 +153,62 @@ class ModelRunner:
         """Run the scheduler's tier moves (before the forward that needs them)."""
         assert self.tiers is not None, "KV tier moves without a host tier"
         self.tiers.run(moves)
+
+    # -- weight updates ----------------------------------------------------------------------
+
+    def load_weights(self, model_path: str) -> WeightsLoaded:
+        """Swap in the weights at model_path on every rank or on none. The scheduler sends this
+        only with the pool drained and flushes the old KV after it. A quantized pool's check
+        runs again (fp8 scales refit to the new weights); whatever fails on any rank rolls every
+        rank back to the weights it had, and the reply says why."""
+        why = incompatibility(self.model_path, model_path)  # the headers first: nothing is read on a misfit
+        if (failed := self._first_failed_rank(why is not None)) is not None:
+            return WeightsLoaded(False, why or f"rank {failed} refused {model_path}; see its log")
+        why = self._try(lambda: reload_weights(self.model, model_path, self.device), f"loading {model_path}")
+        failed = self._first_failed_rank(why is not None)
+        if failed is None and self.cache.quantized:
+            why = self._try(self._recheck_quantized_kv, "the quantized KV check")
+            failed = self._first_failed_rank(why is not None)
+        if failed is not None:
+            reload_weights(self.model, self.model_path, self.device)  # NOTE: a failure here ends the worker
+            if self.cache.quantized:
+                self._recheck_quantized_kv()
+            why = why or f"rank {failed} could not load {model_path}; see its log"
+            return WeightsLoaded(False, f"{why}; the weights of {self.model_path} keep serving")
+        self.model_path = model_path
+        self.fingerprint = self._fingerprint()
+        if self.graphs is not None and self.cache.layer_scaled:  # capture folded fp8's old scales in
+            self.graphs = self._capture_decode_graphs(self.args)
+        disk_dir, disk_pages = "", 0
+        if self.tiers is not None and self.tiers.disk_dir is not None:
+            page_bytes = self.bytes_per_token * self.page_size
+            self.tiers.disk_dir, self.tiers.disk_pages = prepare_disk_dir(self.args, self.fingerprint, page_bytes)
+            disk_dir, disk_pages = str(self.tiers.disk_dir), self.tiers.disk_pages
+        logger.info("weights updated from %s (fingerprint %s)", model_path, self.fingerprint)
+        return WeightsLoaded(True, "Succeeded to update model weights.", self.fingerprint, disk_dir, disk_pages)
+
+    def _recheck_quantized_kv(self) -> None:
+        self.kv_check = self._check_quantized_kv()
+
+    @staticmethod
+    def _try(fn, what: str) -> str | None:
+        """Run fn; None, or why it failed (logged with its traceback)."""
+        try:
+            fn()
+        except KVCalibrationError as e:
+            return str(e)
+        except Exception as e:  # noqa: BLE001 - reported to the caller, who rolls back
+            logger.exception("%s failed", what)
+            return f"{what} failed: {type(e).__name__}: {e}"
+        return None
+
+    def _first_failed_rank(self, failed: bool) -> int | None:
+        """The lowest rank that failed (every rank passes its own flag and gets the same answer), or None."""
+        if self.tp.size == 1:
+            return 0 if failed else None
+        t = torch.tensor([self.tp.size - self.tp.rank if failed else 0], dtype=torch.int64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return self.tp.size - int(t) if int(t) else None
 
     def _agree(self, num_pages: int) -> int:
         """Every rank must hold the same pages: take the smallest pool any rank can afford."""
@@ -162,6 +229,10 @@ class ModelRunner:
             page_bytes=self.bytes_per_token * self.page_size,
             **(self.tiers.describe() if self.tiers is not None else {}),
             long_prompt_threshold=self.long_rope.long_from if self.long_rope is not None else 0,
+            kv_pool_bytes=sum(b.nbytes for b in self.cache.buffers),
+            page_table_bytes=self.page_table.nbytes,
+            weight_bytes=sum(p.nbytes for p in self.model.parameters()),
+            weights_fingerprint=self.fingerprint,
         )
 
     @torch.inference_mode()

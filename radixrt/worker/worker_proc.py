@@ -8,7 +8,9 @@ import zmq
 
 from radixrt.config import ServerArgs
 from radixrt.ipc import PeerLost, Receiver, Sender
-from radixrt.messages import BatchResult, ForwardBatch, KVMoves, ReadyMsg, SchedulerToWorker, Shutdown
+from radixrt.messages import (
+    ForwardBatch, KVMoves, LoadWeights, ReadyMsg, SchedulerToWorker, Shutdown, WorkerToScheduler
+)
 from radixrt.utils.procs import Addresses, configure_child, startup_failed
 
 
@@ -20,7 +22,7 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 
     inbox: Receiver[SchedulerToWorker] = Receiver(
         ctx, addrs.worker_in_for(rank), SchedulerToWorker, bind=False, watch_peer=addrs.multi_node
     )
-    outbox: Sender[BatchResult] | None = Sender(ctx, addrs.worker_out) if rank == 0 else None
+    outbox: Sender[WorkerToScheduler] | None = Sender(ctx, addrs.worker_out) if rank == 0 else None
     try:
         from radixrt.worker.model_runner import ModelRunner
 
@@ -38,6 +40,15 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 
             return
         if isinstance(msg, KVMoves):
             runner.move(msg.moves)
+            continue
+        if isinstance(msg, LoadWeights):
+            try:
+                loaded = runner.load_weights(msg.model_path)  # every rank or none
+            except Exception:  # the rollback to the old weights failed: the model is part old, part new
+                logging.exception("worker %d could not restore its weights after a failed update; exiting", rank)
+                raise SystemExit(1) from None
+            if outbox is not None:
+                outbox.send(loaded)
             continue
         assert isinstance(msg, ForwardBatch)
         try:

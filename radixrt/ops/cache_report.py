@@ -1,0 +1,66 @@
+"""`radixrt cache-report URL`: why a running server's prompts miss the prefix cache.
+
+GETs URL/cache_report (radixrt/frontend/cache_report.py builds it) and prints it for a person: the
+diagnosed causes first, then the hit rate, where prompts diverge from the cache, and the hit rate of
+prompts that share a system prompt. --json prints the report as the server sent it. Exit status 0;
+1, with one line on stderr, when the server cannot be reached or does not answer 200.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import requests
+
+from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N
+from radixrt.launch_server import OneLineParser
+
+TIMEOUT_S = 10.0
+
+
+def fetch(url: str, first_n: int, api_key: str | None, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+    """The server's report. Raises requests.RequestException (unreachable, or a non-200 answer)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    resp = requests.get(f"{url.rstrip('/')}/cache_report", params={"first_n": first_n}, headers=headers,
+                        timeout=timeout)
+    if resp.status_code != 200:
+        raise requests.HTTPError(f"{resp.url} answered {resp.status_code}: {resp.text[:200]}")
+    return resp.json()
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as text, its causes' messages first."""
+    causes = report["causes"]
+    lines = ["causes:"] + [f"  - [{c['kind']}] {c['message']}" for c in causes] if causes else ["causes: none found"]
+    div, shared = report["divergence"], report["shared_prefix"]
+    pct = " ".join(f"{k} {v}" for k, v in div["percentiles"].items())
+    lines += [
+        f"recent prompts: {report['prompts']} ({report['prompt_tokens']} tokens), hit rate {report['hit_rate']:.1%}, "
+        f"tokens shared with recent prompts {report['shared_token_rate']:.1%}"
+        + ("" if report["cache_enabled"] else " (the prefix cache is disabled)"),
+        f"divergence position (cached tokens per prompt): {pct}; {report['early_divergence_share']:.0%} within the "
+        f"first {report['first_n']} tokens, {div['fully_matched_share']:.0%} fully matched",
+        *(f"  {bucket:>10} tokens: {count}" for bucket, count in div["buckets"].items()),
+        f"prompts sharing a system prompt: {shared['prompts']}, hit rate {shared['hit_rate']:.1%}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = OneLineParser(prog="radixrt cache-report", description="Why a running server's prompts miss the prefix cache.")
+    parser.add_argument("url", help="the server, e.g. http://127.0.0.1:30000")
+    parser.add_argument("--first-n", type=int, default=CACHE_REPORT_FIRST_N,
+                        help="a prompt diverging within its first N tokens diverges early")
+    parser.add_argument("--api-key", default=None, help="the server's api key (sent as 'Authorization: Bearer KEY')")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    ns = parser.parse_args(argv)
+    try:
+        report = fetch(ns.url, ns.first_n, ns.api_key)
+    except (requests.RequestException, ValueError) as e:  # ValueError: a body that is not JSON
+        why = f"cannot reach {ns.url}: {e}" if isinstance(e, requests.ConnectionError) else str(e)
+        print(f"radixrt cache-report: {' '.join(why.split())}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2) if ns.json else render(report))
+    return 0
