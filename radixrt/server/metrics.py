@@ -13,7 +13,8 @@ from typing import Any, Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from radixrt.frontend.cache_report import DIVERGENCE_BUCKETS, divergence_position
+from radixrt.frontend.cache_findings import DIVERGENCE_BUCKETS
+from radixrt.frontend.cache_report import divergence_position
 from radixrt.frontend.req_state import ReqState
 from radixrt.messages import ReqOutput
 
