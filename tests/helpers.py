@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import torch
+from safetensors.torch import load_file, save_file
 
 T = TypeVar("T")
 
@@ -104,3 +107,19 @@ def corpus_prompts(path: Path, lengths: list[int], seed: int = 0) -> list[list[i
 
 
 CPU_COUNT = os.cpu_count() or 1
+
+
+def half_written_copy(src: Path, dst: Path) -> Path:
+    """src's weights in two shards whose second is cut short: every header is whole (the header
+    check passes), so loading fails after the first shard has been copied in (the rollback's case)."""
+    shutil.copytree(src, dst)
+    (dst / "model.safetensors").unlink()
+    weights = load_file(src / "model.safetensors")
+    names = sorted(weights)
+    shards = {name: f"model-0000{1 + (i >= len(names) // 2)}-of-00002.safetensors" for i, name in enumerate(names)}
+    for shard in set(shards.values()):
+        save_file({n: weights[n] for n, s in shards.items() if s == shard}, dst / shard)
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": shards}))
+    last = dst / "model-00002-of-00002.safetensors"
+    os.truncate(last, last.stat().st_size - 1000)
+    return dst

@@ -14,7 +14,7 @@ import pytest
 import radixrt
 import requests
 import torch
-from helpers import all_gone, corpus_prompts, hf_greedy
+from helpers import all_gone, corpus_prompts, half_written_copy, hf_greedy
 from make_tiny_model import ensure_model
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.llama import rank_heads
@@ -86,7 +86,7 @@ def test_more_ranks_than_kv_heads_replicates_them(llama_path):
         assert res["output_ids"] == hf_greedy(llama_path, ids, GREEDY["max_new_tokens"])
 
 
-def test_tp2_server_matches_updates_both_ranks_and_a_killed_rank_ends_it(llama_path):
+def test_tp2_server_matches_updates_both_ranks_and_a_killed_rank_ends_it(llama_path, tmp_path):
     prompts = corpus_prompts(llama_path, [15, 120], seed=23)
     with running_server(llama_path, "--tp-size", "2", "--page-size", "16", "--max-total-tokens", "4096") as (url, proc):
         got = requests.post(url + "/generate", json={"input_ids": prompts, "sampling_params": GREEDY}, timeout=60).json()
@@ -97,7 +97,14 @@ def test_tp2_server_matches_updates_both_ranks_and_a_killed_rank_ends_it(llama_p
         assert r.status_code == 200 and r.json()["success"], r.text
         got = requests.post(url + "/generate", json={"input_ids": prompts, "sampling_params": GREEDY}, timeout=60).json()
         assert [r["meta_info"]["cached_tokens"] for r in got] == [0, 0]
-        assert [r["output_ids"] for r in got] == [hf_greedy(retrained, p, GREEDY["max_new_tokens"]) for p in prompts]
+        want = [hf_greedy(retrained, p, GREEDY["max_new_tokens"]) for p in prompts]
+        assert [r["output_ids"] for r in got] == want
+        # a checkpoint whose loading fails midway: every rank goes back to the weights it had
+        broken = half_written_copy(llama_path, tmp_path / "broken")
+        r = requests.post(url + "/update_weights_from_disk", json={"model_path": str(broken)}, timeout=60)
+        assert r.status_code == 400 and "keep serving" in r.json()["message"], r.text
+        got = requests.post(url + "/generate", json={"input_ids": prompts, "sampling_params": GREEDY}, timeout=60).json()
+        assert [r["output_ids"] for r in got] == want
         children = child_pids(proc.pid)
         rank0, rank1, scheduler = spawned_children(proc.pid)
         os.kill(rank1, signal.SIGKILL)

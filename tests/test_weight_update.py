@@ -15,7 +15,7 @@ import threading
 import pytest
 import radixrt
 import torch
-from helpers import assert_no_page_leak, corpus_prompts, hf_greedy, wait_for
+from helpers import assert_no_page_leak, corpus_prompts, half_written_copy, hf_greedy, wait_for
 from make_tiny_model import ensure_model
 from radixrt.errors import RequestError
 from radixrt.frontend.weights import check_update_options
@@ -73,7 +73,8 @@ def engine(llama_path, tmp_path_factory):
         yield e
 
 
-def test_an_update_drops_the_old_kv_and_a_rollback_finds_it_on_disk(engine, llama_path, retrained_path, model_paths):
+def test_an_update_drops_the_old_kv_and_a_rollback_finds_it_on_disk(engine, llama_path, retrained_path, model_paths,
+                                                                    tmp_path):
     prompt = corpus_prompts(llama_path, [50], seed=31)[0]
     first = engine.generate(input_ids=prompt, sampling_params=GREEDY)
     assert engine.generate(input_ids=prompt, sampling_params=GREEDY)["meta_info"]["cached_tokens"] > 0
@@ -96,6 +97,10 @@ def test_an_update_drops_the_old_kv_and_a_rollback_finds_it_on_disk(engine, llam
     assert engine.generate(input_ids=prompt, sampling_params=GREEDY)["output_ids"] == new["output_ids"]
     with pytest.raises(ValueError, match="model_path"):
         engine.update_weights_from_disk(str(llama_path / "nowhere"))
+    broken = engine.update_weights_from_disk(str(half_written_copy(llama_path, tmp_path / "broken")))
+    assert not broken.success and "loading" in broken.message and "keep serving" in broken.message
+    assert engine.generate(input_ids=prompt, sampling_params=GREEDY)["output_ids"] == new["output_ids"]  # rolled back
+    assert engine.get_model_info() == info
 
     hits = engine.get_server_info()["disk_hit_pages"]
     assert engine.update_weights_from_disk(str(llama_path), weight_version="v1").success
@@ -110,7 +115,7 @@ def test_an_update_drops_the_old_kv_and_a_rollback_finds_it_on_disk(engine, llam
 
 def test_in_flight_requests_finish_on_the_old_weights_and_new_ones_wait(engine, llama_path, retrained_path):
     engine.update_weights_from_disk(str(llama_path), weight_version="old")  # a known start
-    long = {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}
+    long = {"max_new_tokens": 500, "temperature": 0, "ignore_eos": True}  # still running when the update comes
     prompt, later = corpus_prompts(llama_path, [20, 30], seed=32)
     reference = engine.generate(input_ids=prompt, sampling_params=long)["output_ids"]
     stream = engine.generate(input_ids=prompt, sampling_params=long, stream=True)
@@ -124,6 +129,8 @@ def test_in_flight_requests_finish_on_the_old_weights_and_new_ones_wait(engine, 
     waited: dict = {}
     sender = threading.Thread(target=lambda: waited.update(r=engine.generate(input_ids=later, sampling_params=GREEDY)))
     sender.start()
+    held = wait_for(engine.get_server_info, lambda i: i["held_for_weight_update"] == 1, timeout=30)
+    assert held["weight_update_pending"] == 1 and held["held_for_weight_update"] == 1  # it waits for the new weights
     *_, done = stream
     updater.join(60)
     sender.join(60)
