@@ -186,7 +186,9 @@ def test_demo_programs_answer_right(world_server):
     assert qa["questions"] == ["Where does Zeno Penrose live?", "In what year was Ulric Lindqvist born?",
                                "What animal does Jory Brandt keep?"]
     assert qa["answers"] == ["Pellmarsh", "2005", "goat"]
-    assert all(p > 50 for p in qa["prompt_tokens"]) and qa["cached_tokens"][-1] > 0
+    # run_batch sends the three at once, in no fixed order: whichever the scheduler admits first computes
+    # the shared few-shot prefix, and the other two (held a step for it, or later) find it cached
+    assert all(p > 50 for p in qa["prompt_tokens"]) and sorted(qa["cached_tokens"])[1] > 0
 
     tot = load_example("tree_of_thought").main(url)
     assert tot["thoughts"] == [answer_of(f"What does {c} do for a living?") for c in tot["candidates"]]

@@ -350,8 +350,11 @@ class TokenizerManager:
         """On the receiving thread, before any later output: the requests that waited for the
         update report the version that served them."""
         with self._lock:
-            change, self._weights_change = self._weights_change, None
-        if change is None or change.query_id != reply.query_id or not reply.success:
+            change = self._weights_change
+            if change is None or change.query_id != reply.query_id:
+                return  # a refusal of another call: the update under way is not this one
+            self._weights_change = None
+        if not reply.success:
             return
         self.weights = dataclasses.replace(change.weights, fingerprint=reply.weights_fingerprint)
         for s in change.submitted:

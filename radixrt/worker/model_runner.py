@@ -204,18 +204,20 @@ class ModelRunner:
 
     def _first_failed_rank(self, failed: bool) -> int | None:
         """The lowest rank that failed (every rank passes its own flag and gets the same answer), or None."""
-        if self.tp.size == 1:
-            return 0 if failed else None
-        t = torch.tensor([self.tp.size - self.tp.rank if failed else 0], dtype=torch.int64, device=self.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return self.tp.size - int(t) if int(t) else None
+        # the lowest failed rank r sends the largest value, size - r
+        top = self._reduce(self.tp.size - self.tp.rank if failed else 0, torch.distributed.ReduceOp.MAX)
+        return self.tp.size - top if top else None
 
     def _agree(self, num_pages: int) -> int:
         """Every rank must hold the same pages: take the smallest pool any rank can afford."""
+        return self._reduce(num_pages, torch.distributed.ReduceOp.MIN)
+
+    def _reduce(self, value: int, op: torch.distributed.ReduceOp) -> int:
+        """value reduced with op over the tensor-parallel ranks (every rank calls it, in the same order)."""
         if self.tp.size == 1:
-            return num_pages
-        t = torch.tensor([num_pages], dtype=torch.int64, device=self.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        torch.distributed.all_reduce(t, op=op)
         return int(t)
 
     def ready_message(self) -> WorkerReady:
