@@ -12,7 +12,7 @@ position L - qo_len + i).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -71,6 +71,8 @@ class AttentionMetadata:
     page_table: torch.Tensor  # [num_reqs, max_pages] int64 page ids of each request
     out_slots: torch.Tensor  # [num_tokens] int64 cache slot of each new token
     page_size: int
+    # requests (indices into this batch) whose per-page attention mass take_page_mass reports
+    mass_reqs: list[int] = field(default_factory=list)
 
     @property
     def num_reqs(self) -> int:
@@ -79,6 +81,8 @@ class AttentionMetadata:
 
 class AttentionBackend(ABC):
     """Attention over a PagedKVCache. Not thread-safe; one per worker."""
+
+    reports_attention_mass: bool = False  # whether take_page_mass is implemented (heavy-hitter retention)
 
     def __init__(self, cache: PagedKVCache, num_heads: int, head_dim: int, layers: Sequence[LayerAttention]) -> None:
         self.cache = cache
@@ -100,3 +104,16 @@ class AttentionBackend(ABC):
 
         Writes k, v into the cache at meta.out_slots first (mutates the cache).
         """
+
+    def take_page_mass(self) -> list[torch.Tensor]:
+        """The attention mass each KV page of the step's mass requests received.
+
+        Call after the step's forward has run through all layers. One float32 tensor per
+        entry of meta.mass_reqs, in that order, of shape [ceil(meta.kv_lens[i] / page_size)]
+        (the KV after this step): element j sums, over this step's query rows of request i,
+        over all query heads of this rank and over all layers, the softmax probability those
+        queries put on the keys in page-table column j. A request's total is therefore
+        qo_len * heads * num_layers. The tensors are the caller's; the next init_forward
+        restarts the count. Raises NotImplementedError where reports_attention_mass is False.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not report attention mass (reports_attention_mass is False)")

@@ -127,6 +127,10 @@ class PagedKVCache:
         for side, x in zip(self._sides(layer), (k, v)):
             self._store(*side, slots, x)
 
+    def write_keys(self, layer: int, slots: torch.Tensor, k: torch.Tensor) -> None:
+        """Overwrite (quantize) only the keys at slots, their values untouched (re-rotated sinks)."""
+        self._store(*self._sides(layer)[0], slots, k)
+
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather K/V at slots (any shape S) -> two tensors [*S, kv_heads, head_dim] in the model's dtype."""
         k, v = (self._load(*side, slots) for side in self._sides(layer))

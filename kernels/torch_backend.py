@@ -34,6 +34,13 @@ no window: Gemma's sliding and full layers share one plan until a sequence
 outgrows the window, then take two), and layers share those plans; a layer
 without window or cap runs exactly as before.
 
+Attention mass (heavy-hitter retention, take_page_mass): for each request in
+meta.mass_reqs, every layer's forward also reads the request's K back from the
+pool and recomputes its queries' probabilities (attention_mass.token_mass, an
+extra pass: none of the paths above returns them), summed into a per-token
+float32 accumulator; take_page_mass folds it into pages. Other requests do no
+extra work, and the attention output is untouched either way.
+
 NOTE: scaled_dot_product_attention(is_causal=True) aligns the causal mask
 top-left, which is only right when a request has no cached prefix. With a
 prefix (radix hit, or a later prefill chunk) the mask must be aligned
@@ -50,6 +57,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from radixrt.kernels.attention_mass import page_mass, token_mass, visible
 from radixrt.kernels.backend import AttentionBackend, AttentionMetadata, LayerAttention
 from radixrt.kernels.decode_attention import attend, group_queries, merge
 from radixrt.kernels.kv_cache import PagedKVCache
@@ -92,6 +100,18 @@ class _CascadePlan:
     rows: torch.Tensor  # [G] int64 token rows of the requests sharing the prefix
     prefix_slots: torch.Tensor  # [Lp] int64 cache slots of the shared prefix
     tail: _KVRun  # each request's own tail, after the shared pages
+
+
+@dataclass
+class _MassPlan:
+    """A request whose attention mass the step sums over its layers."""
+
+    start: int  # first token row of this request
+    end: int
+    slots: torch.Tensor  # [kv_len] int64 cache slots of positions 0 .. kv_len - 1 (page-table column order)
+    kv_pos: torch.Tensor  # [kv_len] int64 positions 0 .. kv_len - 1
+    q_pos: torch.Tensor  # [qo_len] int64 positions of the new tokens
+    mass: torch.Tensor  # [kv_len] float32 probability each key received, over the layers run so far
 
 
 @dataclass
@@ -181,6 +201,8 @@ def request_slots(page_table_row: torch.Tensor, positions: torch.Tensor, page_si
 
 
 class TorchBackend(AttentionBackend):
+    reports_attention_mass = True
+
     def __init__(
         self,
         cache: PagedKVCache,
@@ -212,6 +234,18 @@ class TorchBackend(AttentionBackend):
             if window not in plans:
                 plans[window] = self._plan_step(meta, window, starts)
             self.layer_plans.append(plans[window])
+        self.mass_plans = [self._plan_mass(meta, i, starts) for i in meta.mass_reqs]
+
+    def _plan_mass(self, meta: AttentionMetadata, i: int, starts: list[int]) -> _MassPlan:
+        device, kv_len, qo_len = meta.out_slots.device, meta.kv_lens[i], meta.qo_lens[i]
+        kv_pos = torch.arange(kv_len, device=device)
+        slots = request_slots(meta.page_table[i], kv_pos, meta.page_size)
+        q_pos = torch.arange(kv_len - qo_len, kv_len, device=device)
+        mass = torch.zeros(kv_len, dtype=torch.float32, device=device)
+        return _MassPlan(starts[i], starts[i] + qo_len, slots, kv_pos, q_pos, mass)
+
+    def take_page_mass(self) -> list[torch.Tensor]:
+        return [page_mass(m.mass, self.meta.page_size) for m in self.mass_plans]
 
     def _plan_step(self, meta: AttentionMetadata, window: int | None, starts: list[int]) -> StepPlan:
         device = meta.out_slots.device
@@ -274,9 +308,7 @@ class TorchBackend(AttentionBackend):
         if prefix == 0 and not cut:  # quantized pool: read the chunk's own K/V back, plain causal mask
             return _PrefillPlan(*rows, slots, None)
         q_pos = prefix + torch.arange(q_len, device=device)  # [q_len]
-        mask = kv_pos[None, :] <= q_pos[:, None]  # bottom-right causal
-        if cut:
-            mask &= kv_pos[None, :] > q_pos[:, None] - window  # HF: kv_idx > q_idx - sliding_window
+        mask = visible(q_pos, kv_pos, window if cut else None)  # bottom-right causal, cut to the window
         return _PrefillPlan(*rows, slots, mask)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
@@ -291,6 +323,9 @@ class TorchBackend(AttentionBackend):
             # kp, vp: [kv_read, kv_heads, head_dim]
             kp, vp = (k[p.start : p.end], v[p.start : p.end]) if p.slots is None else self.cache.read(layer, p.slots)
             out[p.start : p.end] = self._prefill(q[p.start : p.end], kp, vp, p.mask, la)
+        for m in self.mass_plans:  # the extra pass: K as the pool holds it (dequantized), positions 0 .. kv_len - 1
+            km = self.cache.read(layer, m.slots)[0]  # [kv_len, kv_heads, head_dim]
+            m.mass += token_mass(q[m.start : m.end], km, m.q_pos, m.kv_pos, la)
         return out
 
     def _cascade(self, q: torch.Tensor, c: _CascadePlan, layer: int, la: LayerAttention) -> torch.Tensor:

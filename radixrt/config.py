@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixrt.retention import POLICIES, SERVER_NAMES, Retention
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
@@ -122,6 +124,17 @@ class ServerArgs:
     kv_quant_min_agreement: float = _arg(
         KV_QUANT_MIN_AGREEMENT, "with a quantized kv_cache_dtype, refuse to start when the start-up check's top-1 "
         "agreement with model-dtype KV is below this"
+    )
+    kv_retention: str = _arg(
+        "none", "bounded KV per request: none (keep every token), sink_window (the first kv_sink_tokens and the last "
+        "kv_window_tokens, StreamingLLM) or heavy_hitter (the last kv_window_tokens and the pages that drew the most "
+        "attention, H2O); a request under a policy may generate past the context length. Requests may override it "
+        "(sampling_params.kv_retention)"
+    )
+    kv_sink_tokens: int = _arg(4, "sink_window: leading tokens always kept (rounded up to whole pages)")
+    kv_window_tokens: int = _arg(1024, "sink_window and heavy_hitter: the most recent tokens kept")
+    kv_heavy_ratio: float = _arg(
+        0.2, "heavy_hitter: heavy-hitter tokens kept beyond the window, as a fraction of kv_window_tokens (H2O's 0.2)"
     )
     enable_hierarchical_cache: bool = _arg(
         False, "keep radix-cache pages evicted from the device pool in host memory (and on disk with hicache_dir)"
@@ -237,6 +250,17 @@ class ServerArgs:
             raise ValueError(f"hicache_disk_size must be > 0 with hicache_dir, got {self.hicache_disk_size}")
         if self.swap_min_tokens < 0:
             raise ValueError(f"swap_min_tokens must be >= 0, got {self.swap_min_tokens}")
+        self._check_retention()
+
+    def _check_retention(self) -> None:
+        if self.kv_retention not in POLICIES:
+            raise ValueError(f"kv_retention must be one of {', '.join(POLICIES)}, got {self.kv_retention!r}")
+        why = self.retention.problem(SERVER_NAMES)
+        if why is not None:
+            raise ValueError(why)
+        if self.kv_retention == "heavy_hitter" and self.attention_backend == "flashinfer":
+            raise ValueError("kv_retention heavy_hitter needs per-page attention mass, which the flashinfer backend "
+                             "does not report: use attention_backend torch, or kv_retention sink_window")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -249,6 +273,11 @@ class ServerArgs:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model_path
+
+    @property
+    def retention(self) -> Retention:
+        """The server's retention settings (requests may override them)."""
+        return Retention(self.kv_retention, self.kv_sink_tokens, self.kv_window_tokens, self.kv_heavy_ratio)
 
     @property
     def prefill_chunk(self) -> int:

@@ -139,10 +139,23 @@ class LogprobSpec(msgspec.Struct, array_like=True):
     output: bool = False  # logprob of the sampled token
 
 
+class Retain(msgspec.Struct, array_like=True):
+    """A request under a bounded-KV retention policy dropped pages before this step: its slot's
+    page table becomes `pages` (new_pages then append to it). With sinks (sink_window), the keys
+    of its first sink_tokens are the ones computed at positions 0.. rotated by sink_shift more
+    positions (the tokens dropped after them), so that every query sees them where StreamingLLM's
+    in-cache positions put them; save_sinks (the first drop) keeps those keys as computed first."""
+
+    pages: list[int]
+    sink_tokens: int = 0
+    sink_shift: int = 0
+    save_sinks: bool = False
+
+
 class BatchEntry(msgspec.Struct, array_like=True):
     slot: int
     input_ids: list[int]  # new tokens to run
-    start_pos: int  # tokens already in this slot's KV
+    start_pos: int  # tokens already in this slot's KV (its cache index: retention may have dropped some)
     new_pages: list[int]  # pages appended to the slot's page table
     sample: bool  # sample a next token after the last input row
     init: SlotInit | None = None
@@ -150,6 +163,9 @@ class BatchEntry(msgspec.Struct, array_like=True):
     # a constrained request's allowed next tokens, packed (bit j of little-endian int32 word w:
     # token 32 * w + j); empty: unconstrained. Applied before sampling.
     allowed: bytes = b""
+    pos_offset: int = 0  # a token's position in its sequence minus its cache index (tokens retention dropped)
+    retain: Retain | None = None
+    want_mass: bool = False  # report the attention mass each of its pages drew this step (heavy_hitter)
 
 
 class ForwardBatch(msgspec.Struct, tag=True):
@@ -236,6 +252,9 @@ class BatchResult(msgspec.Struct, tag=True):
     logprobs: list[EntryLogprobs | None] = []  # one per entry when any asked (None for a failed entry)
     move_seconds: float = 0.0  # spent on KVMoves since the last result
     errors: list[EntryError] = []  # entries that failed, in entry order; their KV of this step is not trusted
+    # one per entry when any had want_mass ([] for the others): the attention probability its queries put
+    # on each page of its page table, summed over heads, layers and ranks
+    page_mass: list[list[float]] = []
 
 
 class WeightsLoaded(msgspec.Struct, tag=True):
@@ -271,6 +290,8 @@ class WorkerReady(msgspec.Struct, tag=True):
     page_table_bytes: int = 0
     weight_bytes: int = 0  # the model's parameters on this rank
     weights_fingerprint: str = ""  # the weights' content, dtypes, page size and tp split (worker/kv_tiers.py)
+    # bounded-KV retention: why this worker cannot run a policy ("" : it can), per policy
+    retention_refusals: dict[str, str] = {}
 
 
 class SchedulerReady(msgspec.Struct, tag=True):

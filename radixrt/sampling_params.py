@@ -23,6 +23,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from radixrt.errors import RequestError, from_validation
+from radixrt.retention import RetentionIn, parse_override
 
 # Below this temperature sampling is greedy (as SGLang does).
 GREEDY_TEMPERATURE = 1e-5
@@ -70,6 +71,8 @@ class SamplingParamsIn(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
     stop_regex: Union[str, list[str], None] = None
     custom_params: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
+    # radixrt's own: a bounded-KV retention policy for this request (radixrt/retention.py)
+    kv_retention: Union[str, RetentionIn, None] = None
 
 
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -95,6 +98,7 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     regex: str | None = None
     json_schema: str | None = None  # a JSON Schema, as a JSON string (SGLang's form)
     ebnf: str | None = None
+    kv_retention: RetentionIn | None = None  # None: the server's retention settings
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | SamplingParamsIn | None) -> SamplingParams:
@@ -127,6 +131,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     fields[name] = value
         if isinstance(fields.get("stop"), str):
             fields["stop"] = [fields["stop"]]
+        if "kv_retention" in fields:
+            fields["kv_retention"] = parse_override(fields["kv_retention"])
         if fields.get("top_k") == 0:
             fields["top_k"] = -1
         if fields.get("seed") is not None:

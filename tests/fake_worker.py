@@ -31,8 +31,10 @@ VOCAB = 50
 POISON = 17  # what a failed step writes into its KV slots
 
 
-def reference_next(seq: list[int]) -> int:
-    return (sum((i + 1) * t for i, t in enumerate(seq[-8:])) + len(seq)) % VOCAB
+def reference_next(seq: list[int], length: int | None = None) -> int:
+    """The next token after seq: it reads the last 8 tokens and the sequence's length (which a
+    request under a retention policy gives apart: seq is then only what its pages keep)."""
+    return (sum((i + 1) * t for i, t in enumerate(seq[-8:])) + (len(seq) if length is None else length)) % VOCAB
 
 
 def reference_generate(prompt: list[int], n: int) -> list[int]:
@@ -54,6 +56,7 @@ class FakeWorker:
         self.host: dict[int, list] = {}  # host page -> the tokens its KV is of
         self.disk: dict[str, list] = {}  # file key -> the same
         self.fails = fails
+        self.views: list[tuple[int, list[int]]] = []  # (sequence length, what its pages show) per retention entry
 
     def _file(self, key: str) -> Path:
         return Path(self.ready.disk_dir) / disk_page_name(key)
@@ -92,11 +95,13 @@ class FakeWorker:
             self.tables.pop(s, None)
         for src, dst in zip(batch.copy_src, batch.copy_dst):
             self.slots[dst] = self.slots[src]
-        next_ids, logprobs, errors = [], [], []
+        next_ids, logprobs, errors, masses = [], [], [], []
         for i, e in enumerate(batch.entries):
             if e.init is not None:
                 assert e.slot not in self.tables, f"slot {e.slot} reused before the scheduler freed it"
                 self.tables[e.slot] = []
+            if e.retain is not None:  # middle pages dropped: the page table anew
+                self.tables[e.slot] = list(e.retain.pages)
             table = self.tables[e.slot]
             table += e.new_pages
             slot_of = lambda pos: table[pos // self.page_size] * self.page_size + pos % self.page_size  # noqa: E731
@@ -109,7 +114,15 @@ class FakeWorker:
                 errors.append(EntryError(i, error))
                 logprobs.append(None)
                 continue
+            length = e.start_pos + e.pos_offset + len(e.input_ids)  # where the step ends in the sequence
+            if e.pos_offset or e.retain is not None or e.want_mass:
+                self.views.append((length, seq))
+            if e.want_mass:  # a made-up attention mass per page: its tokens' values
+                masses.append(i)
             if e.sample:
-                next_ids.append(reference_next(seq))
+                next_ids.append(reference_next(seq, length))
             logprobs.append(EntryLogprobs(output=-1.0) if e.logprobs is not None else None)
-        return BatchResult(batch.step, next_ids, logprobs if any(logprobs) else [], errors=errors)
+        page_mass = [[] for _ in batch.entries] if masses else []
+        for i in masses:
+            page_mass[i] = [float(sum(t or 0 for t in self._page(p))) for p in self.tables[batch.entries[i].slot]]
+        return BatchResult(batch.step, next_ids, logprobs if any(logprobs) else [], errors=errors, page_mass=page_mass)

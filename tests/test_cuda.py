@@ -200,3 +200,28 @@ def test_decode_graphs_run_each_layer_with_its_attention_kind():
             want = model(ids, pos, attn).float()  # eager; writes the new K/V
             got = graphs.replay(meta, ids, pos).float()
             torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2, msg=lambda m: f"batch {n}: {m}")
+
+
+def test_sink_window_on_flashinfer_with_graphs_follows_the_torch_backend_past_the_context(llama_path):
+    """Dropped pages, re-rotated sinks and rope rows past the table on FlashInfer (CUDA graphs on):
+    the same greedy tokens as the torch backend on the GPU up to a near tie, past the context."""
+    pytest.importorskip("flashinfer", reason="flashinfer-python (the `cuda` extra) is not installed")
+    path = ensure_model("llama", "100m")
+    (ids,) = corpus_prompts(llama_path, [40], seed=23)
+    runs = {}
+    for backend in ("flashinfer", "torch"):
+        with radixrt.Engine(model_path=str(path), dtype="bfloat16", device="cuda", attention_backend=backend,
+                            page_size=16, max_total_tokens=4096) as engine:
+            n = engine.get_server_info()["context_length"] + 200
+            sp = {"max_new_tokens": n, "temperature": 0, "ignore_eos": True,
+                  "kv_retention": {"policy": "sink_window", "window_tokens": 128}}
+            runs[backend] = engine.generate(input_ids=ids, sampling_params=sp, return_logprob=True, top_logprobs_num=2)
+            info = engine.get_server_info()
+            assert info["kv_retention_peak_pages"] <= 1 + 128 // 16 + 1 and info["kv_retention_dropped_pages"] > 0
+    fi, ref = runs["flashinfer"], runs["torch"]
+    assert len(fi["output_ids"]) == len(ref["output_ids"]) == n
+    for j, (a, b) in enumerate(zip(fi["output_ids"], ref["output_ids"])):
+        if a != b:
+            top = ref["meta_info"]["output_top_logprobs"][j]
+            assert top[0][0] - top[1][0] < 0.05, f"token {j}: {a} on flashinfer, {b} on torch"
+            break

@@ -9,7 +9,8 @@ from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-L0 = {"radixrt", "radixrt.config", "radixrt.errors", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils"}
+L0 = {"radixrt", "radixrt.config", "radixrt.errors", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils",
+      "radixrt.retention"}
 # package -> radixrt packages it may import (besides itself)
 ALLOWED = {
     "radixrt.kernels": set(),
@@ -25,7 +26,7 @@ ALLOWED = {
 }
 FOLDER_PACKAGES = {"kernels": "radixrt.kernels", "lang": "radixrt.lang"}  # folder -> the package it installs as
 COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.cli", "radixrt.launch_server", "radixrt.ops"}
-L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc"}
+L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc", "retention"}
 
 
 def package_of(path: Path) -> str:

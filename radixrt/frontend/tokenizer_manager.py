@@ -136,12 +136,13 @@ class TokenizerManager:
 
     # -- input -----------------------------------------------------------------
 
-    def tokenize(self, prompt: str | None, input_ids: list[int] | None) -> list[int]:
+    def tokenize(self, prompt: str | None, input_ids: list[int] | None, bounded: bool = False) -> list[int]:
         """Token ids of one prompt, checked against the vocabulary and the context
-        (truncated to fit with --allow-auto-truncate). Raises RequestError."""
+        (truncated to fit with --allow-auto-truncate). Raises RequestError. bounded: the request
+        runs under a retention policy, which keeps its KV within a budget: no context applies."""
         if (prompt is None) == (input_ids is None):
             raise RequestError("give exactly one of prompt (text) or input_ids", "text")
-        room = self.context_length - 1  # the prompt leaves room for at least one generated token
+        room = self.context_length - 1 if not bounded else 1 << 62  # room for at least one generated token
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise RequestError(f"prompt must be a string, got {type(prompt).__name__}", "text")
@@ -177,7 +178,7 @@ class TokenizerManager:
         for item in gen.items:
             key = id(item.prompt if item.prompt is not None else item.input_ids)
             if key not in memo:
-                memo[key] = self.tokenize(item.prompt, item.input_ids)
+                memo[key] = self.tokenize(item.prompt, item.input_ids, self._bounded(item))
             ids = memo[key]
             item = self._fit_to_context(item, len(ids))
             self._check_item(item)
@@ -189,12 +190,10 @@ class TokenizerManager:
         """SGLang's rules: max_new_tokens null runs until a stop or the context limit; a number the
         client gave must fit beside the prompt in the context, else a 400 (with --allow-auto-truncate:
         cut to what fits). The default (128) is not checked: generation stops at the context anyway."""
-        # NOTE(issue 18): a request under a bounded-KV retention policy keeps only part of its KV,
-        # so the context does not bound it: exempt it here (before both rules) once such policies exist.
         sp, room = item.sampling, max(0, self.context_length - prompt_len)
-        if sp.max_new_tokens is None:
-            return _with_max_new_tokens(item, room)
-        if not item.max_tokens_given or prompt_len + sp.max_new_tokens < self.context_length:
+        if sp.max_new_tokens is None:  # under a retention policy too: null keeps SGLang's meaning
+            return _with_max_new_tokens(item, max(room, 1))
+        if self._bounded(item) or not item.max_tokens_given or prompt_len + sp.max_new_tokens < self.context_length:
             return item
         if not self.args.allow_auto_truncate:
             raise RequestError(
@@ -202,6 +201,10 @@ class TokenizerManager:
                 f"the context length of {self.context_length} tokens (--allow-auto-truncate cuts it instead)",
                 "max_new_tokens")
         return _with_max_new_tokens(item, room)
+
+    def _bounded(self, item: GenerateItem) -> bool:
+        """Whether item runs under a bounded-KV retention policy (the server's, or its own)."""
+        return self.args.retention.with_override(item.sampling.kv_retention).active
 
     def _check_item(self, item: GenerateItem) -> None:
         bad = [t for t in item.sampling.stop_token_ids if t >= self.vocab_size]

@@ -12,6 +12,17 @@ under one set: the short factors while it is at most that long, the long ones
 after. The scheduler decides per request (Req.long_rope, recomputing a request
 that crosses); RotaryEmbedding keeps both tables stacked ([short; long]) and
 `table_rows` turns positions into rows of that stack.
+
+Positions may pass the table: under bounded-KV retention (StreamingLLM's sinks and
+recent window) a token is still computed at its original sequence position, and
+generation may run past max_position_embeddings. `rows_for` computes the rows of
+such positions into scratch rows appended after the table (one step's worth,
+overwritten by the next call; the buffers grow, which moves them, when a step has
+more tokens than scratch rows). `shift_keys` re-rotates stored keys by a number of
+positions (the sinks, after tokens behind them are dropped). Both compute angles in
+float64: position * inv_freq in float32 loses the angle's low bits once positions
+are large (the in-table rows keep transformers' float32 angles, for parity).
+Neither works for longrope, whose frequencies depend on the sequence's length.
 """
 
 from __future__ import annotations
@@ -131,19 +142,79 @@ class RotaryEmbedding(torch.nn.Module):
         self.max_positions = max_positions
         # longrope: a sequence longer than this runs under the long factors
         self.long_from: int | None = None
-        tables = [_tables(rope_frequencies(self.rotary_dim, theta, scaling, max_positions), max_positions)]
+        freqs = rope_frequencies(self.rotary_dim, theta, scaling, max_positions)
+        # NOTE: a plain attribute, not a buffer: model.to(bfloat16) would round a buffer.
+        self.inv_freq = freqs.inv_freq  # [rotary_dim // 2] float32, where the model was built
+        self.attention_factor = freqs.attention_factor
+        self._inv_freq64: torch.Tensor | None = None  # inv_freq as float64 on the tables' device (cached)
+        tables = [_tables(freqs, max_positions)]
         if scaling.get("rope_type") == "longrope":
             self.long_from = scaling["original_max_position_embeddings"]
             tables.append(_tables(rope_frequencies(self.rotary_dim, theta, scaling, max_positions, long=True), max_positions))
         # cos, sin: [max_positions * len(tables), rotary_dim]
         self.register_buffer("cos", torch.cat([c for c, _ in tables]), persistent=False)
         self.register_buffer("sin", torch.cat([s for _, s in tables]), persistent=False)
+        self.table_len = self.cos.shape[0]  # rows past this are rows_for's scratch rows
 
     def table_rows(self, positions: torch.Tensor, long: torch.Tensor) -> torch.Tensor:
         """positions: [T] int64; long: [T] bool, the token's request runs under the long factors
         -> [T] rows of the stacked cos/sin tables."""
         assert self.long_from is not None, "only a longrope embedding has more than one table"
         return positions + long * self.max_positions
+
+    def shift_keys(self, k: torch.Tensor, delta: int) -> torch.Tensor:
+        """k: [T, kv_heads, head_dim] keys rotated at positions s -> the same keys rotated at
+        s + delta (delta may be negative), in k's dtype. A pure rotation: the attention
+        factor was applied when the keys were first rotated."""
+        self._refuse_longrope("shift keys")
+        angles = delta * self._freq64(k.device)  # [rotary_dim // 2] float64
+        emb = torch.cat([angles, angles])  # [rotary_dim]
+        cos, sin = emb.cos().float(), emb.sin().float()
+        d = self.rotary_dim
+        rotated = _rotate(k[..., :d].float(), cos, sin).to(k.dtype)
+        return torch.cat([rotated, k[..., d:]], dim=-1) if self.partial else rotated
+
+    def rows_for(self, positions: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """positions: [T] int64, any value >= 0 -> (rows [T] int64 of cos/sin, grew).
+
+        A position inside the table is its own row; token i at a position past it gets
+        scratch row table_len + i, written now (valid until the next call). So the rows
+        depend only on the positions and table_len: ropes of one length (Gemma 3's two)
+        agree, and each must be called. grew: cos/sin were reallocated (with room for
+        the next power of two of T scratch rows), so CUDA graphs that captured the old
+        buffers must be recaptured. No device-to-host sync: the scratch is sized by T,
+        not by how many positions are far. Callers skip this when no position is far."""
+        self._refuse_longrope("compute positions past the table")
+        T = positions.shape[0]
+        grew = self.cos.shape[0] - self.table_len < T
+        if grew:
+            self._grow_scratch(1 << max(T - 1, 0).bit_length())
+        angles = positions.double()[:, None] * self._freq64(positions.device)  # [T, rotary_dim // 2] float64
+        emb = torch.cat([angles, angles], dim=-1)  # [T, rotary_dim]
+        scratch = slice(self.table_len, self.table_len + T)
+        self.cos[scratch] = (emb.cos() * self.attention_factor).float()
+        self.sin[scratch] = (emb.sin() * self.attention_factor).float()
+        far = positions >= self.max_positions
+        rows = torch.arange(self.table_len, self.table_len + T, dtype=torch.int64, device=positions.device)
+        return torch.where(far, rows, positions), grew
+
+    def _grow_scratch(self, n: int) -> None:
+        """Reallocate cos/sin as [table_len + n, rotary_dim], the table rows copied exactly."""
+        for name in ("cos", "sin"):
+            old = getattr(self, name)
+            new = old.new_empty(self.table_len + n, self.rotary_dim)
+            new[: self.table_len] = old[: self.table_len]
+            setattr(self, name, new)  # a registered buffer: nn.Module keeps it one
+
+    def _freq64(self, device: torch.device) -> torch.Tensor:
+        """inv_freq as float64 on `device` ([rotary_dim // 2]), copied there once."""
+        if self._inv_freq64 is None or self._inv_freq64.device != device:
+            self._inv_freq64 = self.inv_freq.to(device=device, dtype=torch.float64)
+        return self._inv_freq64
+
+    def _refuse_longrope(self, what: str) -> None:
+        if self.long_from is not None:
+            raise ValueError(f"a longrope embedding cannot {what}: its frequencies depend on the sequence's length")
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] table rows (the positions, or table_rows' answer); q: [T, heads, head_dim];

@@ -39,17 +39,18 @@ def rid_of(raw: bytes) -> str | None:
     return rid if isinstance(rid, str) else None
 
 
-def request_problem(msg: TokenizedRequest, vocab_size: int, context_length: int) -> str | None:
+def request_problem(msg: TokenizedRequest, vocab_size: int, context_length: int | None) -> str | None:
     """Why the model cannot run msg (None: it can). Checks what would otherwise fail the
     model forward for the whole batch; what fails one entry (say top_logprobs_num above
-    the vocabulary) the worker isolates."""
+    the vocabulary) the worker isolates. context_length None: the request is not bounded
+    by the context (a bounded-KV retention policy keeps its KV within a page table)."""
     ids = msg.input_ids
     if not ids:
         return "input_ids: the prompt is empty"
     if not (0 <= min(ids) and max(ids) < vocab_size):
         bad = next(i for i in ids if not 0 <= i < vocab_size)
         return f"input_ids: {bad} is outside the vocabulary of {vocab_size}"
-    if len(ids) >= context_length:
+    if context_length is not None and len(ids) >= context_length:
         return f"input_ids: the prompt has {len(ids)} tokens; the context length is {context_length}"
     if not -1 <= msg.logprob_start_len < len(ids):
         return f"logprob_start_len: must be in [-1, {len(ids)}), got {msg.logprob_start_len}"

@@ -24,7 +24,7 @@ class AdmissionBudget:
     retract_bump: float = 0.3
 
     def reserve_pages(self, reqs: list[Req]) -> int:
-        tokens = sum(r.remaining_tokens for r in reqs) * self.ratio
+        tokens = sum(r.growth_tokens for r in reqs) * self.ratio
         return math.ceil(tokens / self.page_size)
 
     def on_step(self) -> None:

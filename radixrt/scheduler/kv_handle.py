@@ -1,4 +1,4 @@
-"""KVHandle: one request's KV pages and their state, written only by KVMemory.
+"""KVHandle: one request's KV pages and their state, written only by KVMemory (and retained_kv.py, its retention part).
 
 Everyone else reads it: the scheduler asks how much KV a request has (kv_len),
 whether it is swapped out, and the tests which pages it owns.
@@ -22,6 +22,14 @@ class KVHandle:
     page_keys: list[str] = field(default_factory=list)  # content keys of leading full pages (lower tiers); a memo
     swap_slots: list[int] = field(default_factory=list)  # host slots holding its KV while swapped out
     swapped_len: int = 0  # tokens of KV in swap_slots
+    # bounded-KV retention: tokens whose pages were dropped (every page is then the request's own, and
+    # none goes to the prefix cache), and each page's accumulated attention mass (heavy_hitter)
+    dropped: int = 0
+    page_mass: list[float] = field(default_factory=list)
+
+    def owns(self, j: int) -> bool:
+        """Whether the request owns its j-th page (else the prefix cache does)."""
+        return j >= self.tree_pages or self.pages[j] in self.dup_pages
 
     @property
     def owned_pages(self) -> list[int]:
@@ -37,6 +45,7 @@ class KVHandle:
         own), with nothing sent to the worker, cached or pinned. Swap state stays."""
         self.pages, self.kv_len = pages if pages is not None else [], kv_len
         self.pages_sent, self.tree_pages, self.dup_pages, self.lock_node = 0, 0, [], None
+        self.dropped, self.page_mass = 0, []
 
     def clear_swap(self) -> None:
         self.swap_slots, self.swapped_len = [], 0

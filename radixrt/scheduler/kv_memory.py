@@ -26,7 +26,8 @@ import math
 
 from radixrt.cache import MatchResult, NoPrefixCache, Node, PageAllocator, PrefixCache, RadixCache
 from radixrt.cache.tier_index import page_keys
-from radixrt.messages import KVMove
+from radixrt.messages import KVMove, Retain
+from radixrt.scheduler import retained_kv
 from radixrt.scheduler.kv_tiers import KVTiers
 from radixrt.scheduler.req import Req
 
@@ -102,11 +103,20 @@ class KVMemory:
     # -- growth ------------------------------------------------------------------------
 
     def pages_needed(self, r: Req, n: int) -> int:
-        return math.ceil((r.kv_len + n) / self.page_size) - len(r.kv.pages)
+        """Pages r's next n tokens take from the pool (net of what its retention policy drops first)."""
+        p = retained_kv.plan(r, n)
+        if p is not None:
+            return p.pages_needed(r.kv.kv_len, n, self.page_size)
+        return math.ceil((r.kv.kv_len + n) / self.page_size) - len(r.kv.pages)
 
     def fit_tokens(self, r: Req, n: int) -> int:
         """The most of r's next n tokens whose pages can be had now."""
-        capacity = (len(r.kv.pages) + self.available) * self.page_size - r.kv_len
+        if r.retention is not None:  # a chunk at most; its drops make room as it goes
+            n = min(n, r.retention.chunk_tokens)
+            while n > 0 and self.pages_needed(r, n) > self.available:
+                n = max(0, n - self.page_size)
+            return n
+        capacity = (len(r.kv.pages) + self.available) * self.page_size - r.kv.kv_len
         return max(0, min(n, capacity))
 
     def alloc(self, n: int) -> list[int]:
@@ -117,6 +127,24 @@ class KVMemory:
             logger.debug("evicted %d cached pages", len(freed))
             self.allocator.free(freed)
         return self.allocator.alloc(n)
+
+    def retain(self, r: Req, n: int) -> Retain | None:
+        """Before r runs n more tokens: drop what its retention policy lets go (None: nothing)."""
+        p = retained_kv.plan(r, n)
+        if p is None:
+            return None
+        kv, ps = r.kv, self.page_size
+        if p.copies:  # allocated while the cache still pins the originals: none is evicted from under its copy
+            for j, own in zip(p.copies, self.alloc(len(p.copies))):
+                self.copy_src += range(kv.pages[j] * ps, (kv.pages[j] + 1) * ps)
+                self.copy_dst += range(own * ps, (own + 1) * ps)
+                kv.pages[j] = own
+        self.allocator.free(p.freed)
+        if kv.dropped == 0:  # the first drop: every page is r's own from now on, and r pins no cache node
+            if kv.lock_node is not None:
+                self.cache.unlock(kv.lock_node)
+            kv.tree_pages, kv.dup_pages, kv.lock_node = 0, [], None
+        return retained_kv.rewrite(r, p, ps)
 
     def grow(self, r: Req, n: int) -> list[int]:
         """Pages for r's next n tokens; returns the page-table delta the worker has not seen."""
@@ -212,8 +240,10 @@ class KVMemory:
     # -- into the cache, and out ---------------------------------------------------------
 
     def cache_progress(self, r: Req) -> None:
-        """Hand r's full computed pages to the cache (r keeps using them, pinned)."""
-        full = r.kv_len // self.page_size
+        """Hand r's full computed pages to the cache (r keeps using them, pinned); not after a drop."""
+        if r.kv.dropped:
+            return
+        full = r.kv.kv_len // self.page_size
         if full > r.kv.tree_pages:
             self._insert(r, full * self.page_size)
 
@@ -223,7 +253,7 @@ class KVMemory:
         kept = math.ceil(kv.kv_len / self.page_size)
         extra = kv.pages[kept:]  # allocated for a step that never ran
         kv.pages = kv.pages[:kept]
-        if kv.kv_len > 0:
+        if kv.kv_len > 0 and not kv.dropped:  # KV computed after a drop never goes to the cache
             self._insert(r, kv.kv_len)
         self.allocator.free(kv.owned_pages + extra)
         if kv.lock_node is not None:

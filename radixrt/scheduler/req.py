@@ -10,6 +10,7 @@ from radixrt.constrained.grammar import Matcher
 from radixrt.messages import FinishReason, TokenizedRequest, TopLogprobs
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.kv_handle import KVHandle
+from radixrt.scheduler.retention import RetentionBudget
 
 
 def longrope_namespace(salt: str | None, long_rope: bool) -> str | None:
@@ -38,6 +39,7 @@ class Req:
     top_logprobs_num: int = 0
     cache_salt: str | None = None  # prefix-cache namespace
     long_rope: bool = False  # a longrope model's request past its original context: long rope factors
+    retention: RetentionBudget | None = None  # its bounded-KV policy's pages (None: it keeps all its KV)
     output_ids: list[int] = field(default_factory=list)
     kv: KVHandle = field(default_factory=KVHandle)  # its pages (KVMemory writes, everyone else reads)
     grammar: Matcher | None = None  # a constrained request's position in its grammar
@@ -69,8 +71,8 @@ class Req:
 
     @property
     def kv_len(self) -> int:
-        """Tokens whose KV is in its pages."""
-        return self.kv.kv_len
+        """Tokens whose KV it has computed: those in its pages, and those retention dropped since."""
+        return self.kv.kv_len + self.kv.dropped
 
     @property
     def extend_len(self) -> int:
@@ -86,12 +88,21 @@ class Req:
         return max(self.sampling.max_new_tokens - self.output_len, 0)
 
     @property
+    def growth_tokens(self) -> int:
+        """Tokens its pages may still grow by: the rest of its output, at most its retention budget."""
+        if self.retention is None:
+            return self.remaining_tokens
+        return min(self.remaining_tokens, max(0, self.retention.max_tokens - self.kv.kv_len))
+
+    @property
     def match_limit(self) -> int:
         """How much of the sequence may come from the cache: the last token must run (it
         yields the next-token logits), and so must every position whose prompt logprob is wanted."""
         limit = self.seq_len - 1
         if self.wants_prompt_logprobs:
             limit = min(limit, max(self.logprob_start_len, 1) - 1)
+        if self.retention is not None:  # leave the first step a page to fill before any drop
+            limit = min(limit, self.retention.max_tokens - self.retention.page_size)
         return limit
 
     @property

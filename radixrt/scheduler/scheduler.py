@@ -56,6 +56,8 @@ from radixrt.scheduler.logprobs import (
 )
 from radixrt.scheduler.policy import SCHEDULE_POLICIES
 from radixrt.scheduler.req import Req, lengthened_namespace, longrope_namespace
+from radixrt.scheduler.retained_kv import add_mass
+from radixrt.scheduler.retention_rules import RetentionRules
 from radixrt.scheduler.stop import StopChecker
 from radixrt.scheduler.weight_update import ABORTED_FOR_UPDATE, PendingUpdate
 
@@ -97,6 +99,7 @@ class Scheduler:
         self.vocab_size = worker.vocab_size
         self.long_prompt_threshold = worker.long_prompt_threshold
         self.stop = StopChecker(tokenizer, worker.eos_ids, worker.context_length)
+        self.retention = RetentionRules(args.retention, worker)
         self.policy = SCHEDULE_POLICIES[args.schedule_policy]
         self.jump_forward = not args.disable_jump_forward
         self.budget = AdmissionBudget(worker.page_size)
@@ -136,12 +139,15 @@ class Scheduler:
         if self.update is not None:
             self.update.held.append(msg)
             return
-        why = request_problem(msg, self.vocab_size, self.stop.context_length)
+        budget, why = self.retention.budget(msg.sampling.kv_retention)
+        if why is None:  # a request under a retention policy is not bounded by the context
+            why = request_problem(msg, self.vocab_size, self.stop.context_length if budget is None else None)
         if why is not None:
             logger.error("refused request %s: %s", msg.rid, why)
             self.outbox.append(rejection(msg.rid, why, len(msg.input_ids)))
             return
         r = Req.from_msg(msg)
+        r.retention = budget
         if self.long_prompt_threshold:  # a longrope model: long prompts' KV is not short prompts'
             r.long_rope = r.prompt_len > self.long_prompt_threshold
             r.cache_salt = longrope_namespace(r.cache_salt, r.long_rope)
@@ -309,7 +315,8 @@ class Scheduler:
             return NO_ROOM
         self._start(r)
         computing.append(r)
-        return Admission(Outcome.ADMITTED, min(r.extend_len, token_budget))
+        n = min(r.extend_len, token_budget)
+        return Admission(Outcome.ADMITTED, r.retention.first_tokens(r.kv_len, n) if r.retention else n)
 
     def _admit_swapped(self, r: Req, token_budget: int, reserve: int) -> Admission:
         """Bring a swapped-out r back from host memory, if its pages fit."""
@@ -348,6 +355,7 @@ class Scheduler:
         """r has its pages (from its match, or back from swap): into the running batch."""
         self.waiting.remove(r)
         if r.cached_tokens < 0:  # first admission: count the hit
+            self.retention.count_request(r)
             r.cached_tokens = r.kv_len
             self.counters["prompt_tokens"] += r.prompt_len
             self.counters["cached_prompt_tokens"] += r.kv_len
@@ -360,8 +368,10 @@ class Scheduler:
         self.running.append(r)
 
     def _entry(self, r: Req, n: int) -> BatchEntry:
-        start = r.kv_len
+        start, dropped = r.kv_len, r.kv.dropped
+        retain = self.mem.retain(r, n) if r.retention is not None else None
         new_pages = self.mem.grow(r, n)
+        self.retention.after_growth(r, (r.kv.dropped - dropped) // self.mem.page_size)
         sample = start + n == r.seq_len and r.sampling.max_new_tokens > 0
         init = None
         if not r.slot_initialized:
@@ -369,8 +379,9 @@ class Scheduler:
             init = SlotInit(r.sampling, self.stop.stop_ids(r), penalty_ids, list(r.output_ids), r.long_rope)
         self.inflight.append((r, n))
         allowed = r.grammar.allowed() if sample and r.grammar is not None else b""
-        return BatchEntry(r.slot, r.tokens(start, start + n), start, new_pages, sample, init, logprob_spec(r, start, n),
-                          allowed)
+        return BatchEntry(r.slot, r.tokens(start, start + n), r.kv.kv_len, new_pages, sample,
+                          init, logprob_spec(r, start, n), allowed, r.kv.dropped, retain,
+                          r.retention is not None and r.retention.wants_mass)
 
     # -- results ---------------------------------------------------------------
 
@@ -389,6 +400,8 @@ class Scheduler:
                 continue
             self.mem.advance(r, n)
             r.slot_initialized = True
+            if batch.page_mass and batch.page_mass[i]:
+                add_mass(r, batch.page_mass[i])
             next_id = next(ids) if r.kv_len == r.seq_len and r.sampling.max_new_tokens > 0 else None
             try:
                 out = self._advance(r, batch.logprobs[i] if batch.logprobs else None, next_id)
@@ -488,6 +501,8 @@ class Scheduler:
 
     def _swaps(self, r: Req) -> bool:
         mode = self.args.preemption_mode
+        if r.kv.dropped:  # the worker's copy of its sinks' keys leaves with the slot: recompute it
+            return False
         return mode == "swap" or (mode == "auto" and r.kv_len >= self.args.swap_min_tokens)
 
     def take_moves(self) -> list[KVMove]:
@@ -508,4 +523,5 @@ class Scheduler:
             "held_for_weight_update": len(self.update.held) if self.update is not None else 0,
             **self.memory_figures,
             **self.counters,
+            **self.retention.stats(self.running),
         }

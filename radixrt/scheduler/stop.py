@@ -29,7 +29,8 @@ class StopChecker:
                 matched = self._stop_string(r, new)
                 if matched is not None:
                     return FinishReason("stop", matched=matched)
-        if r.output_len >= sp.max_new_tokens or r.seq_len >= self.context_length:
+        # a request under a retention policy keeps bounded KV: the context does not end it
+        if r.output_len >= sp.max_new_tokens or (r.seq_len >= self.context_length and r.retention is None):
             return FinishReason("length", length=r.output_len)
         return None
 

@@ -46,7 +46,14 @@ SCHEDULER_GAUGES = {
     "swaps_out": ("radixrt:swaps_out_total", "retracted requests whose KV was swapped to host memory"),
     "swaps_in": ("radixrt:swaps_in_total", "swapped requests brought back"),
     "recomputed_tokens": ("radixrt:recomputed_tokens_total", "tokens recomputed after retraction"),
+    "kv_retention_dropped_pages": ("radixrt:kv_retention_dropped_pages_total",
+                                   "KV pages bounded-KV retention policies dropped from running requests"),
+    "kv_retention_retained_fraction": ("radixrt:kv_retention_retained_fraction",
+                                       "retained / computed KV tokens of the running requests under a retention policy"),
+    "kv_retention_peak_pages": ("radixrt:kv_retention_peak_pages", "the most KV pages a request under a retention "
+                                "policy held after a step"),
 }
+RETENTION_REQUESTS = "kv_retention_requests_"  # + policy: admitted requests per retention policy
 
 
 class _SchedulerCollector:
@@ -58,6 +65,12 @@ class _SchedulerCollector:
         s["kv_usage"] = 1 - s["free_pages"] / s["num_pages"] if s.get("num_pages") else 0.0
         for key, (name, help_text) in SCHEDULER_GAUGES.items():
             yield GaugeMetricFamily(name, help_text, value=float(s.get(key, 0)))
+        policies = GaugeMetricFamily("radixrt:kv_retention_requests_total",
+                                     "requests admitted under each bounded-KV retention policy", labels=["policy"])
+        for key, value in s.items():
+            if key.startswith(RETENTION_REQUESTS):
+                policies.add_metric([key.removeprefix(RETENTION_REQUESTS)], float(value))
+        yield policies
 
 
 class _CacheReportCollector:

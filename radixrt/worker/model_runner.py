@@ -33,6 +33,7 @@ from radixrt.worker.kv_calibration import KVCalibrationError, PrecisionReport, c
 from radixrt.worker.kv_pool import PAGE_TABLE_DTYPE, page_table_shape, plan_num_pages
 from radixrt.worker.kv_tiers import KVTierStore, plan_host_pages, prepare_disk_dir, weights_fingerprint
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
+from radixrt.worker.retention_slots import RetentionSlots, gather_mass, refusals
 from radixrt.worker.sampler import Sampler, mask_disallowed
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,10 @@ class ModelRunner:
             page_table_shape(slots, self.context_length, args.page_size), dtype=PAGE_TABLE_DTYPE, device=device
         )
         self.pages_used = [0] * slots
+        self.retention_refusals = refusals(self.model, self.attn)
+        if args.kv_retention in self.retention_refusals:
+            raise ValueError(f"kv_retention {args.kv_retention}: {self.retention_refusals[args.kv_retention]}")
+        self.retention = RetentionSlots(self.cache, self.model, self.page_table)
         # longrope: a request runs under the short or the long rope factors, as the scheduler says
         self.long_rope = self.model.rope if self.model.rope.long_from is not None else None
         self.long_slots = [False] * slots  # per slot, set when its request starts
@@ -235,6 +240,7 @@ class ModelRunner:
             page_table_bytes=self.page_table.nbytes,
             weight_bytes=sum(p.nbytes for p in self.model.parameters()),
             weights_fingerprint=self.fingerprint,
+            retention_refusals=self.retention_refusals,
         )
 
     @torch.inference_mode()
@@ -248,13 +254,14 @@ class ModelRunner:
         failed = self._apply_slot_changes(batch)  # entry index -> why; grown by sampling and logprobs
         entries = batch.entries
         meta, input_ids, positions = self._prepare(entries)
-        if self.graphs is not None and self.graphs.can_run(meta):
+        if self.graphs is not None and not meta.mass_reqs and self.graphs.can_run(meta):
             hidden = self.graphs.replay(meta, input_ids, positions)  # [T, hidden]
         else:
             self.attn.init_forward(meta)
             hidden = self.model(input_ids, positions, self.attn)  # [T, hidden]
         rows = LogitRows.plan(entries)
         logits = self.model.compute_logits(hidden[rows.index(self.device)])  # [R, vocab] float32
+        page_mass = gather_mass(self.attn, entries, meta.mass_reqs, self.tp)  # every rank: an all-reduce
         if self.tp.rank != 0:  # the others took part in the forward and the logits gather; rank 0 samples
             return BatchResult(step=batch.step, next_ids=[])
         ids = self._sample(entries, rows, logits, failed)
@@ -264,7 +271,8 @@ class ModelRunner:
         moved = self.tiers.take_seconds() if self.tiers is not None else 0.0
         errors = [EntryError(i, failed[i]) for i in sorted(failed)]
         next_ids = [t for t in ids if t is not None]  # an entry that failed its sample has none
-        return BatchResult(step=batch.step, next_ids=next_ids, logprobs=logprobs, move_seconds=moved, errors=errors)
+        return BatchResult(step=batch.step, next_ids=next_ids, logprobs=logprobs, move_seconds=moved, errors=errors,
+                           page_mass=page_mass)
 
     def _sample(
         self, entries: list[BatchEntry], rows: LogitRows, logits: torch.Tensor, failed: dict[int, str]
@@ -291,6 +299,8 @@ class ModelRunner:
         Returns the entries whose sampling state was refused (entry index -> why)."""
         for slot in batch.freed_slots:
             self.sampler.remove(slot)
+            self.retention.forget(slot)
+        self.retention.save_sinks(batch.entries)  # before a copy may overwrite a page a drop freed
         if batch.copy_src:
             src = torch.tensor(batch.copy_src, dtype=torch.int64, device=self.device)
             self.cache.copy_slots(src, torch.tensor(batch.copy_dst, dtype=torch.int64, device=self.device))
@@ -303,6 +313,9 @@ class ModelRunner:
                 why = self._start_slot(e)
                 if why is not None:
                     failed[i] = why
+            if e.retain is not None:  # retention dropped pages: the whole table anew
+                self.page_table[e.slot, : len(e.retain.pages)] = torch.tensor(e.retain.pages, dtype=self.page_table.dtype)
+                self.pages_used[e.slot] = len(e.retain.pages)
             n = self.pages_used[e.slot]
             rows += [e.slot] * len(e.new_pages)
             cols += range(n, n + len(e.new_pages))
@@ -311,6 +324,7 @@ class ModelRunner:
         if pages:
             t = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
             self.page_table[t(rows), t(cols)] = t(pages)
+        self.retention.shift_sinks(batch.entries)
         return failed
 
     def _start_slot(self, e: BatchEntry) -> str | None:
@@ -340,7 +354,11 @@ class ModelRunner:
         page_table = self.page_table[slots, :max_pages]  # [B, max_pages]
         ps = self.page_size
         out_slots = page_table[req_of_row, positions // ps] * ps + positions % ps  # [T]
+        positions, grew = self.retention.positions(entries, positions, req_of_row)  # cache index -> sequence
+        if grew and self.graphs is not None:  # the rope tables moved: graphs captured the old ones
+            self.graphs = self._capture_decode_graphs(self.args)
         if self.long_rope is not None:  # the model reads rope table rows: short or long factors per request
             long = torch.tensor([self.long_slots[e.slot] for e in entries], dtype=torch.bool, device=dev)
             positions = self.long_rope.table_rows(positions, long[req_of_row])
-        return AttentionMetadata(qo_lens, kv_lens, page_table, out_slots, ps), input_ids, positions
+        mass_reqs = [i for i, e in enumerate(entries) if e.want_mass]
+        return AttentionMetadata(qo_lens, kv_lens, page_table, out_slots, ps, mass_reqs), input_ids, positions
