@@ -67,8 +67,9 @@ rely on the first tokens as attention sinks.
 sequence of the call (page-rounded, so a budget that drops nothing reads a little over
 1.00). The peak is a running maximum since the engine started, so each policy has its
 own engine and runs its budgets in ascending order; where a call's reading did not rise,
-its peak is only known to be at most the reading (peak_pages null, peak_pages_at_most; "<=N"). "max" is RetentionBudget.max_pages, the bound the
-scheduler promises (sinks + window + heavy + the page being filled).
+its peak is only known to be at most the reading (peak_pages null, peak_pages_at_most;
+"<=N"). "max" is RetentionBudget.max_pages, the bound the scheduler promises (sinks +
+window + heavy + the page being filled).
 
 Torch runs --threads intra-op threads in the engines (OMP_NUM_THREADS), 1 by default, for
 steadier timings on the shared 2-vCPU machine (bench/prefix_reuse.py explains why).
@@ -343,46 +344,54 @@ class Running(PeakRunning):
         return statistics.mean(busy) if busy else 0.0
 
 
+def throughput_round(engine: Any, prompts: list[list[int]], sampling: dict, spec: dict | None) -> dict[str, Any]:
+    """Every prompt submitted at once under spec: wall time, output tokens, concurrency, retractions."""
+    before = engine.get_server_info()
+    with Running(engine) as running:
+        start = time.perf_counter()
+        outs = call(engine, prompts, sampling, spec)
+        wall = time.perf_counter() - start
+    after = engine.get_server_info()
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    return {"wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall, "max_running": running.peak,
+            "mean_running": running.mean, "polls": running.samples,
+            **{k: after[k] - before[k] for k in ("retractions", "recomputed_tokens")}}
+
+
+def throughput_row(rounds: list[dict], spec: dict | None, pages: int, pool_tokens: int, want: int) -> dict[str, Any]:
+    """One policy's rounds summed up: median output tokens/s, KV per request, concurrency."""
+    tok_s = sorted(r["tok_s"] for r in rounds)
+    return {"retention": spec, "output_tok_s": statistics.median(tok_s), "output_tok_s_min": tok_s[0],
+            "output_tok_s_max": tok_s[-1], "pages_per_request": pages, "kv_tokens_per_request": pages * PAGE,
+            "max_pages": max_pages(spec) if spec else None, "requests_fitting_pool": pool_tokens // (pages * PAGE),
+            "max_running": max(r["max_running"] for r in rounds),
+            "mean_running": statistics.median(r["mean_running"] for r in rounds),
+            "retractions": sum(r["retractions"] for r in rounds),
+            "recomputed_tokens": sum(r["recomputed_tokens"] for r in rounds),
+            "all_completed": all(r["output_tokens"] == want for r in rounds), "rounds": rounds}
+
+
 def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     import radixrt
 
     prompts = random_prompts(args.requests, args.prompt_len, args.prompt_len, vocab=2000, seed=3)
     sampling = {"max_new_tokens": args.max_new, "temperature": 0, "ignore_eos": True}
-    sink_window = {"policy": "sink_window", "sink_tokens": 4, "window_tokens": args.window}
-    specs = {"none": None, "sink_window": sink_window}
-    runs: dict[str, list[dict]] = {k: [] for k in specs}
+    specs = {"none": None, "sink_window": {"policy": "sink_window", "sink_tokens": 4, "window_tokens": args.window}}
+    rounds: dict[str, list[dict]] = {k: [] for k in specs}
     with radixrt.Engine(**engine_args(max_total_tokens=args.pool_tokens)) as engine:
         engine.generate(input_ids=[list(range(3, 40))], sampling_params={"max_new_tokens": 4})  # warm-up
         for _ in range(args.rounds):
             for name, spec in specs.items():  # alternately: the shared machine's noise falls on both
-                before = engine.get_server_info()
-                with Running(engine) as running:
-                    start = time.perf_counter()
-                    outs = call(engine, prompts, sampling, spec)
-                    wall = time.perf_counter() - start
-                after = engine.get_server_info()
-                tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-                runs[name].append({"wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall,
-                                   "max_running": running.peak, "mean_running": running.mean, "polls": running.samples,
-                                   "retractions": after["retractions"] - before["retractions"],
-                                   "recomputed_tokens": after["recomputed_tokens"] - before["recomputed_tokens"]})
-        peak = engine.get_server_info()["kv_retention_peak_pages"]  # only sink_window's requests count
-        pool_tokens = engine.get_server_info()["num_pages"] * PAGE
-    seq = args.prompt_len + args.max_new
-    pages = {"none": math.ceil(seq / PAGE), "sink_window": peak}
-    rows = {}
-    for name, rs in runs.items():
-        tok_s = sorted(r["tok_s"] for r in rs)
-        rows[name] = {"retention": specs[name], "output_tok_s": statistics.median(tok_s), "output_tok_s_min": tok_s[0],
-                      "output_tok_s_max": tok_s[-1], "pages_per_request": pages[name],
-                      "kv_tokens_per_request": pages[name] * PAGE, "max_pages": max_pages(sink_window) if specs[name] else None,
-                      "requests_fitting_pool": pool_tokens // (pages[name] * PAGE),
-                      "max_running": max(r["max_running"] for r in rs),
-                      "mean_running": statistics.median(r["mean_running"] for r in rs), "retractions": sum(r["retractions"] for r in rs),
-                      "recomputed_tokens": sum(r["recomputed_tokens"] for r in rs),
-                      "all_completed": all(r["output_tokens"] == args.requests * args.max_new for r in rs), "rounds": rs}
-    rows["sink_window"].update(tok_s_vs_none=rows["sink_window"]["output_tok_s"] / rows["none"]["output_tok_s"],
-                               pages_vs_none=rows["sink_window"]["pages_per_request"] / rows["none"]["pages_per_request"])
+                rounds[name].append(throughput_round(engine, prompts, sampling, spec))
+        info = engine.get_server_info()
+    pages = {"none": math.ceil((args.prompt_len + args.max_new) / PAGE),
+             "sink_window": info["kv_retention_peak_pages"]}  # only sink_window's requests count
+    pool_tokens = info["num_pages"] * PAGE
+    rows = {name: throughput_row(rounds[name], spec, pages[name], pool_tokens, args.requests * args.max_new)
+            for name, spec in specs.items()}
+    sw, none = rows["sink_window"], rows["none"]
+    sw.update(tok_s_vs_none=sw["output_tok_s"] / none["output_tok_s"],
+              pages_vs_none=sw["pages_per_request"] / none["pages_per_request"])
     return {"pool_tokens": pool_tokens, "requests": args.requests, "prompt_len": args.prompt_len,
             "max_new_tokens": args.max_new, "rounds": args.rounds, "policies": rows}
 
@@ -515,7 +524,6 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read by torch in the spawned engines
-    os.environ.setdefault("TQDM_DISABLE", "1")  # Engine.generate's progress bar, between the table's lines
     import torch
     from transformers import AutoTokenizer
 
