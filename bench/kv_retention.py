@@ -35,13 +35,6 @@ generate call per workload, the prefix cache flushed before it:
               exp(mean -logprob) over every token after the first, pooled over the samples. A
               prompt under a policy is prefilled in chunks of at most a quarter of what the
               policy keeps, with drops between them, so its logprobs see the bounded KV.
-4. past the  Prompt logprobs of a 6,144-token held-out text (three times the 2,048-token
-   context    context; world.held_out_text of seeds 3000, ...) under each policy with a 512-token
-              budget, perplexity per 512-token segment; none reads only the first context's worth.
-              This is StreamingLLM's claim: with sinks and re-positioned KV, quality holds past
-              the context. (On this 4-layer model the window without sinks holds too: it has
-              not learnt to park attention on the first tokens, so the control's collapse,
-              measured by StreamingLLM on 7B+ models, does not show here.)
 3. memory     One engine with a --pool-tokens pool (8,192), --requests (16) random prompts of
    and speed  --prompt-len (300) tokens each generating --max-new (700) tokens (greedy,
               ignore_eos), all submitted at once, under none and sink_window (window 256,
@@ -51,6 +44,13 @@ generate call per workload, the prefix cache flushed before it:
               concurrency: get_server_info()["running"] polled every 20 ms (kv_memory.PeakRunning),
               the most and the mean over the polls while any ran; retractions and recomputed
               tokens: the counters' differences.
+4. past the  Prompt logprobs of a 6,144-token held-out text (three times the 2,048-token
+   context    context; world.held_out_text of seeds 3000, ...) under each policy with a 512-token
+              budget, perplexity per 512-token segment; none reads only the first context's worth.
+              This is StreamingLLM's claim: with sinks and re-positioned KV, quality holds past
+              the context. (On this 4-layer model the window without sinks holds too: it has
+              not learnt to park attention on the first tokens, so the control's collapse,
+              measured by StreamingLLM on 7B+ models, does not show here.)
 
 Reading the figures: "d early"/"d late" are accuracy minus none's, "ppl/none" perplexity over
 none's, both from the same run. NOTE: on this model a bounded KV can score better than
@@ -538,8 +538,8 @@ def main() -> None:
     past = run_past_context(tok)
     throughput = run_throughput(args)
     print_quality(quality, args.questions)
-    print_past_context(past)
     print_throughput(throughput)
+    print_past_context(past)
     wall = time.perf_counter() - start
     print(f"\nwall time {wall:.0f} s")
     config = {k: v for k, v in vars(args).items()} | {"fractions": fractions, "page_size": PAGE,

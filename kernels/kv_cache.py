@@ -131,6 +131,10 @@ class PagedKVCache:
         """Overwrite (quantize) only the keys at slots, their values untouched (re-rotated sinks)."""
         self._store(*self._sides(layer)[0], slots, k)
 
+    def read_keys(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """Gather only the keys at slots (any shape S) -> [*S, kv_heads, head_dim] in the model's dtype."""
+        return self._load(*self._sides(layer)[0], slots)
+
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather K/V at slots (any shape S) -> two tensors [*S, kv_heads, head_dim] in the model's dtype."""
         k, v = (self._load(*side, slots) for side in self._sides(layer))

@@ -324,7 +324,7 @@ class TorchBackend(AttentionBackend):
             kp, vp = (k[p.start : p.end], v[p.start : p.end]) if p.slots is None else self.cache.read(layer, p.slots)
             out[p.start : p.end] = self._prefill(q[p.start : p.end], kp, vp, p.mask, la)
         for m in self.mass_plans:  # the extra pass: K as the pool holds it (dequantized), positions 0 .. kv_len - 1
-            km = self.cache.read(layer, m.slots)[0]  # [kv_len, kv_heads, head_dim]
+            km = self.cache.read_keys(layer, m.slots)  # [kv_len, kv_heads, head_dim]
             m.mass += token_mass(q[m.start : m.end], km, m.q_pos, m.kv_pos, la)
         return out
 

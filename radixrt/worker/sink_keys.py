@@ -29,7 +29,7 @@ class SinkKeys:
 
     def save(self, slot: int, slots: torch.Tensor) -> None:
         """Keep the keys now at cache slots [sink_tokens] as the slot's sinks."""
-        self.saved[slot] = [self.cache.read(layer, slots)[0].clone() for layer in range(len(self.cache.k))]
+        self.saved[slot] = [self.cache.read_keys(layer, slots).clone() for layer in range(len(self.cache.k))]
 
     def shift(self, slot: int, slots: torch.Tensor, delta: int) -> None:
         """Write the slot's sink keys, rotated `delta` positions on, at cache slots [sink_tokens]."""
