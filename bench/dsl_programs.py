@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -67,6 +66,7 @@ import sglang as sgl
 from common import RESULTS, ROOT, write_result
 
 import radixrt as rt
+from radixrt.ops.prom import Scrape
 
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "examples"))
@@ -199,12 +199,9 @@ SIZES = {"full": Sizes(tot_items=16, rag_questions=48), "quick": Sizes(tot_items
 def server_counters(url: str) -> dict[str, float]:
     """The server's running totals: prompt and cached prompt tokens, generated tokens."""
     info = requests.get(f"{url}/get_server_info", timeout=60).json()
-    metrics = requests.get(f"{url}/metrics", timeout=60).text
-    generated = re.search(r"^radixrt:generation_tokens_total (\S+)$", metrics, re.M)
-    if generated is None:
-        raise RuntimeError("the server's /metrics has no radixrt:generation_tokens_total")
+    scrape = Scrape.parse(requests.get(f"{url}/metrics", timeout=60).text)
     return {"prompt_tokens": info["prompt_tokens"], "cached_prompt_tokens": info["cached_prompt_tokens"],
-            "generation_tokens": float(generated.group(1))}
+            "generation_tokens": scrape.value("sglang:generation_tokens_total")}
 
 
 @dataclass(frozen=True)

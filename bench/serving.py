@@ -16,6 +16,17 @@ tokens it got. From those, per load:
 
 each as P50/P95/P99 over the requests that completed.
 
+Beside them, per load, the server's own figures (bench/server_figures.py): TTFT, TPOT,
+queueing and E2E P50/P95/P99 from what its /metrics histograms observed during the load
+(a scrape before, one after, their difference), and its KV and memory peaks from
+/get_server_info (used_pages polled about every 100 ms during the load; kv_peak_used_pages,
+num_pages, the worker's RSS and device-memory peaks and memory_limit_bytes after it). The
+server's percentiles are Prometheus' histogram_quantile: linear interpolation inside the
+bucket that holds the percentile, so they agree with the client's to within a bucket (the
+client's also carry the HTTP hop). Queueing exists only on the server's side: arrival at the
+scheduler to the request's first schedule. A metric or key an older server lacks is None in
+the JSON and "-" in the table.
+
 Workloads (seeded; greedy, ignore_eos, page size 16; the pool holds every
 sequence of a load whole, so nothing is evicted or retracted):
 
@@ -46,8 +57,9 @@ noisy; compare the ratios taken within one run. The "client lag" column (the
 latest a request was sent after its arrival time) shows whether the client
 itself kept up.
 
-Results merge per model into bench/results/serving.json, with latency against
-request rate and the cache on/off bars in bench/results/serving.png.
+Results merge per model into bench/results/serving.json (each load's server figures
+under its "server" key), with latency against request rate and the cache on/off bars
+in bench/results/serving.png.
 
     .venv/bin/python bench/serving.py [--model tiny|100m] [--quick] [--rates 2,8,16,32]
 """
@@ -69,6 +81,7 @@ from typing import Any
 import aiohttp
 import requests
 from common import ROOT, ensure_model, random_prompts, save_model_result
+from server_figures import PeakPoller, figures_table, ms, scrape, server_figures, server_info
 
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers import corpus_ids  # noqa: E402
@@ -207,14 +220,17 @@ async def send_load(url: str, load: Load, rate: float, seed: int, cap_s: float) 
 
 
 def run_load(url: str, load: Load, rate: float, seed: int, cap_s: float) -> dict[str, Any]:
-    """Warm up, flush the cache, send the load, and summarize it with the server's counters."""
+    """Warm up, flush the cache, send the load while polling the server's KV use, and summarize it
+    with the server's counters and figures (its /metrics scraped before and after)."""
     for ids in WARMUP_PROMPTS:
         requests.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 4}}, timeout=60)
     requests.post(f"{url}/flush_cache", timeout=60).raise_for_status()
-    before = requests.get(f"{url}/get_server_info", timeout=60).json()
-    records, cut = asyncio.run(send_load(url, load, rate, seed, cap_s))
-    after = requests.get(f"{url}/get_server_info", timeout=60).json()
-    return summarize(records, cut, rate, before, after)
+    before, scrape_before = requests.get(f"{url}/get_server_info", timeout=60).json(), scrape(url)
+    with PeakPoller(lambda: server_info(url, timeout=2), "used_pages", limit_s=cap_s) as kv:
+        records, cut = asyncio.run(send_load(url, load, rate, seed, cap_s))
+    after, scrape_after = requests.get(f"{url}/get_server_info", timeout=60).json(), scrape(url)
+    return {**summarize(records, cut, rate, before, after),
+            "server": server_figures(scrape_before, scrape_after, after, kv.peak)}
 
 
 # -- summaries --------------------------------------------------------------------------------
@@ -253,10 +269,6 @@ def summarize(records: list[Record], cut: int, rate: float, before: dict, after:
     }
 
 
-def ms(p: dict[str, float | None]) -> str:
-    return " ".join("     -" if v is None else f"{v * 1e3:6.0f}" for v in p.values())
-
-
 def print_rows(label: str, rows: dict[str, dict[str, Any]]) -> None:
     print(f"{label:>8s} {'done':>7s} {'req/s':>6s} {'tok/s':>6s} | {'TTFT ms p50/p95/p99':>20s} |"
           f" {'TPOT ms p50/p95/p99':>20s} | {'E2E ms p50/p95/p99':>20s} | {'hit':>5s} {'lag ms':>6s}")
@@ -266,6 +278,9 @@ def print_rows(label: str, rows: dict[str, dict[str, Any]]) -> None:
               f" {s['client_lag_max_s'] * 1e3:6.0f}")
         if s["failed"] or s["cut_at_cap"]:
             print(f"         !! {s['failed']} failed, {s['cut_at_cap']} cut at the wall-clock cap: {s['errors']}")
+    for name, s in rows.items():
+        print(f"\n{label} {name}: client vs server")
+        print("\n".join(f"  {line}" for line in figures_table(s, s.get("server", {}))))
 
 
 # -- the two experiments ----------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The `radixrt` command: `radixrt launch_server --model-path DIR [...]`, and the operator's tools
-(`estimate`, `cache-report`, `tune`, in radixrt/ops/)."""
+(`estimate`, `cache-report`, `tune`, `top`, in radixrt/ops/)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ COMMANDS = {
     "estimate": "radixrt.ops.estimate",
     "cache-report": "radixrt.ops.cache_report",
     "tune": "radixrt.ops.tune",
+    "top": "radixrt.ops.top",
 }
 
 

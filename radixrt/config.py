@@ -150,6 +150,14 @@ class ServerArgs:
     # bench/kv_memory.py on CPU: swapping beats recomputing from about 21 tokens (tiny model) and at every
     # measured length (124M model); 64 is the smallest measured length where it won on both.
     swap_min_tokens: int = _arg(64, "auto preemption swaps requests holding at least this many tokens")
+    quality_spot_check_rate: float = _arg(
+        0.0, "fraction of finished greedy requests re-scored in idle time against model-dtype KV with no retention and "
+        "no cache reuse (top-1 agreement and mean |delta logprob| of the emitted tokens, in /metrics); 0: off"
+    )
+    quality_spot_check_min_agreement: float = _arg(
+        0.9, "a spot check whose top-1 agreement is below this logs a warning (at most once a minute)"
+    )
+    quality_spot_check_queue: int = _arg(64, "spot checks waiting for idle time at most; older ones are skipped")
     watchdog_timeout: float = _arg(300.0, "seconds a step may take before the server gives up on a hung worker")
     random_seed: int = _arg(0, "seed of the global sampling RNG")
     log_level: str = _arg("info", "logging level: debug, info, warning, error")
@@ -251,6 +259,14 @@ class ServerArgs:
         if self.swap_min_tokens < 0:
             raise ValueError(f"swap_min_tokens must be >= 0, got {self.swap_min_tokens}")
         self._check_retention()
+        self._check_spot_checks()
+
+    def _check_spot_checks(self) -> None:
+        for name in ("quality_spot_check_rate", "quality_spot_check_min_agreement"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.quality_spot_check_queue < 1:
+            raise ValueError(f"quality_spot_check_queue must be >= 1, got {self.quality_spot_check_queue}")
 
     def _check_retention(self) -> None:
         if self.kv_retention not in POLICIES:

@@ -71,7 +71,8 @@ def _server_context(args: ServerArgs, local: ServerArgs, backend: Backend) -> Se
     from radixrt.server.metrics import ServerMetrics
 
     holder: dict[str, ServerContext] = {}
-    metrics = ServerMetrics(lambda: holder["ctx"].manager.stats(), lambda: holder["ctx"].manager.cache_report.report())
+    metrics = ServerMetrics(lambda: holder["ctx"].manager.stats(), lambda: holder["ctx"].manager.cache_report.report(),
+                            args.model_name)
     try:
         manager = TokenizerManager(local, backend.addrs, backend.worker, backend.check_alive, observer=metrics.observe,
                                    model_path=args.model_path)

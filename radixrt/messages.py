@@ -1,8 +1,8 @@
 """Everything that crosses a process boundary, as msgspec Structs.
 
 frontend --TokenizedRequest/AbortRequest--> scheduler --ForwardBatch/KVMoves--> worker
-frontend --GetStats/FlushCache/UpdateWeights--> scheduler --LoadWeights-------> worker
-frontend <--TokenBatchOut/ControlReply/WeightsUpdateReply-- scheduler <--BatchResult/WeightsLoaded-- worker
+frontend --GetStats/FlushCache/UpdateWeights--> scheduler --LoadWeights/SpotCheck--> worker
+frontend <--TokenBatchOut/ControlReply/WeightsUpdateReply-- scheduler <--BatchResult/WeightsLoaded/SpotCheckResult-- worker
 Nothing else travels over zmq; no pickle. Also here: the names of the disk tier's page
 files, which the scheduler checks and the worker writes.
 """
@@ -94,6 +94,9 @@ class ReqOutput(msgspec.Struct, array_like=True):
     output_top: list[TopLogprobs] = []
     input_logprobs: list[float | None] | None = None  # sent once, when the prompt is done
     input_top: list[TopLogprobs | None] | None = None
+    # seconds from its arrival at the scheduler to its first schedule (SGLang's queue_time); on
+    # the first output after that, else None
+    queue_time: float | None = None
 
 
 class TokenBatchOut(msgspec.Struct, tag=True):
@@ -210,7 +213,19 @@ class LoadWeights(msgspec.Struct, tag=True):
     model_path: str
 
 
-SchedulerToWorker = Union[ForwardBatch, KVMoves, LoadWeights, Shutdown]
+class SpotCheck(msgspec.Struct, tag=True):
+    """Run the next chunk of quality spot check `check_id` on the reference configuration (a
+    scratch pool in the model's dtype, no retention, nothing cached). Its first message carries
+    the finished request: prompt, emitted tokens and the logprob the live server gave each; the
+    next ones only the id. Rank 0 answers each with a SpotCheckResult."""
+
+    check_id: int
+    prompt_ids: list[int] = []
+    output_ids: list[int] = []
+    live_logprobs: list[float] = []
+
+
+SchedulerToWorker = Union[ForwardBatch, KVMoves, LoadWeights, SpotCheck, Shutdown]
 
 # -- the disk tier's page files (the scheduler checks them, the worker writes them) --
 
@@ -246,6 +261,17 @@ class EntryError(msgspec.Struct, array_like=True):
     message: str
 
 
+class WorkerMemory(msgspec.Struct, array_like=True):
+    """Rank 0's memory, in bytes (worker/memory_figures.py): its process and, on CUDA, torch's allocator."""
+
+    rss: int = 0  # resident set of the worker process
+    rss_peak: int = 0  # its high-water mark (VmHWM)
+    device_allocated: int = 0  # CUDA only (0 on CPU)
+    device_reserved: int = 0
+    device_peak: int = 0  # torch.cuda.max_memory_allocated since start
+    limit: int = 0  # the OOM line: the GPU's memory on CUDA, the host's (or its cgroup's) on CPU
+
+
 class BatchResult(msgspec.Struct, tag=True):
     step: int
     next_ids: list[int]  # one per entry with sample=True and no error, in entry order
@@ -255,6 +281,21 @@ class BatchResult(msgspec.Struct, tag=True):
     # one per entry when any had want_mass ([] for the others): the attention probability its queries put
     # on each page of its page table, summed over heads, layers and ranks
     page_mass: list[list[float]] = []
+    memory: WorkerMemory | None = None  # at most once a second
+
+
+class SpotCheckResult(msgspec.Struct, tag=True):
+    """One chunk of a spot check done; when `done`, the comparison of the live logprobs with the
+    reference's over the request's emitted tokens (kv_calibration.compare_at), or why it failed."""
+
+    check_id: int
+    done: bool
+    positions: int = 0
+    top1_agreement: float = 0.0  # share of emitted tokens that are the reference's top token
+    mean_abs_dlogprob: float = 0.0  # mean |live - reference logprob| of the emitted tokens
+    max_abs_dlogprob: float = 0.0
+    error: str = ""
+    memory: WorkerMemory | None = None
 
 
 class WeightsLoaded(msgspec.Struct, tag=True):
@@ -265,7 +306,7 @@ class WeightsLoaded(msgspec.Struct, tag=True):
     disk_pages: int = 0
 
 
-WorkerToScheduler = Union[BatchResult, WeightsLoaded]
+WorkerToScheduler = Union[BatchResult, WeightsLoaded, SpotCheckResult]
 
 
 # -- readiness (children -> launcher) -----------------------------------------
@@ -292,6 +333,7 @@ class WorkerReady(msgspec.Struct, tag=True):
     weights_fingerprint: str = ""  # the weights' content, dtypes, page size and tp split (worker/kv_tiers.py)
     # bounded-KV retention: why this worker cannot run a policy ("" : it can), per policy
     retention_refusals: dict[str, str] = {}
+    memory: WorkerMemory | None = None  # rank 0's, once loaded
 
 
 class SchedulerReady(msgspec.Struct, tag=True):

@@ -168,6 +168,14 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                                given[0])
 
     @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that moves the choice off the raw logits' argmax (penalties, a
+        grammar, a minimum length that masks EOS): the emitted token is the model's top token."""
+        return ((self.temperature < GREEDY_TEMPERATURE or self.top_k == 1) and self.repetition_penalty == 1
+                and self.frequency_penalty == 0 and self.presence_penalty == 0 and self.min_new_tokens == 0
+                and self.constraint is None)
+
+    @property
     def constraint(self) -> tuple[str, str] | None:
         """(kind, grammar text) of the request's output constraint, or None."""
         for kind in CONSTRAINT_FIELDS:

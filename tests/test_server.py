@@ -16,11 +16,13 @@ import requests
 from helpers import all_gone, corpus_prompts, wait_for
 from server_proc import SERVER_ARGS, assert_healthy_and_idle, child_pids, running_server, spawned_children
 
+from radixrt.ops.prom import Scrape
+
 # `server` (conftest.py) is the session's shared server, started with SERVER_ARGS; the tests that
 # kill, signal or lock a server start their own with the same flags.
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
 ABORTS = 'radixrt:requests_total{finish_reason="abort"}'
-GENERATED = "radixrt:generation_tokens_total"
+GENERATED = "sglang:generation_tokens_total"
 
 
 def post(url: str, path: str, body, **kw) -> requests.Response:
@@ -37,10 +39,15 @@ def stream_events(resp: requests.Response) -> list:
 
 
 def metrics(url: str) -> dict[str, float]:
-    """/metrics as {sample name with its labels: value}."""
-    text = requests.get(url + "/metrics", timeout=10).text
-    return {name: float(value) for name, value in (line.rsplit(" ", 1) for line in text.splitlines()
-                                                    if line and not line.startswith("#"))}
+    """/metrics as {sample name with its labels: value}, and each SGLang-named sample also by its
+    bare name (summed over its labels: one model, one scheduler)."""
+    scrape = Scrape.parse(requests.get(url + "/metrics", timeout=10).text)
+    out: dict[str, float] = {}
+    for (name, labels), value in scrape.samples.items():
+        out[name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else "")] = value
+        if name.startswith("sglang:"):
+            out[name] = out.get(name, 0.0) + value
+    return out
 
 
 def test_greedy_outputs_equal_the_engine(server, llama_path):
@@ -193,12 +200,12 @@ def test_a_client_that_disconnects_mid_stream_gives_its_pages_back(server):
 def test_metrics_flush_and_abort(server):
     post(server, "/generate", {"text": "count me", "sampling_params": {"max_new_tokens": 3}})
     samples = metrics(server)
-    for name in ("radixrt:time_to_first_token_seconds_count", "radixrt:inter_token_latency_seconds_count",
-                 "radixrt:e2e_request_latency_seconds_count", "radixrt:prompt_tokens_total", "radixrt:generation_tokens_total",
-                 "radixrt:cached_tokens_total", "radixrt:cache_hit_rate", "radixrt:num_running_reqs",
-                 "radixrt:num_queue_reqs", "radixrt:token_usage", "radixrt:evicted_pages_total", "radixrt:retractions_total"):
+    for name in ("sglang:time_to_first_token_seconds_count", "sglang:inter_token_latency_seconds_count",
+                 "sglang:e2e_request_latency_seconds_count", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
+                 "sglang:cached_tokens_total", "sglang:cache_hit_rate", "sglang:num_running_reqs",
+                 "sglang:num_queue_reqs", "sglang:token_usage", "radixrt:evicted_pages_total", "radixrt:retractions_total"):
         assert name in samples, name
-    assert samples[GENERATED] > 0 and samples["radixrt:prompt_tokens_total"] > 0
+    assert samples[GENERATED] > 0 and samples["sglang:prompt_tokens_total"] > 0
     assert post(server, "/flush_cache", {}).status_code == 200
     assert requests.get(server + "/get_server_info", timeout=10).json()["cached_pages"] == 0
     body = {"text": "abort me", "rid": "to-abort", "stream": True, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}

@@ -286,15 +286,20 @@ class TokenizerManager:
                 raise
         return states
 
-    def abort(self, rid: str) -> None:
+    def abort(self, rid: str) -> bool:
+        """Abort rid; False when it is not pending (unknown, or already done)."""
         with self._lock:
             if rid in self._states:
                 self._to_scheduler.send(AbortRequest(rid))
+                return True
+        return False
 
-    def abort_all(self) -> None:
+    def abort_all(self) -> int:
+        """Abort every pending request; returns how many there were."""
         with self._lock:
             for rid in self._states:
                 self._to_scheduler.send(AbortRequest(rid))
+            return len(self._states)
 
     def fail_pending(self, why: str, status_code: int = 503) -> None:
         """Finish every pending request now with an error (graceful shutdown ran out of time)

@@ -280,15 +280,20 @@ class KVMemory:
         if self.tiers is not None:
             self.tiers.clear_host()
 
+    @property
+    def used_pages(self) -> int:
+        """Pages the requests hold (by the invariant: neither free nor the cache's)."""
+        return self.allocator.num_pages - self.allocator.num_free - self.cache.total_pages
+
     def stats(self) -> dict[str, int]:
-        """Pool, cache and tier counters (used_pages: the requests' own, by the invariant)."""
+        """Pool, cache and tier counters."""
         alloc, cache = self.allocator, self.cache
         return {
             "num_pages": alloc.num_pages,
             "free_pages": alloc.num_free,
             "cached_pages": cache.total_pages,
             "evictable_pages": cache.evictable_pages,
-            "used_pages": alloc.num_pages - alloc.num_free - cache.total_pages,
+            "used_pages": self.used_pages,
             "evicted_pages": cache.evicted_pages,
             **(self.tiers.stats() if self.tiers is not None else {}),
         }

@@ -12,9 +12,10 @@ from radixrt.scheduler.req import Req
 
 
 def logprob_spec(r: Req, start: int, n: int) -> LogprobSpec | None:
-    """What r's entry running tokens [start, start + n) wants back."""
+    """What r's entry running tokens [start, start + n) wants back (a spot-checked request: at
+    least its emitted tokens' logprobs, which its client sees only if it asked)."""
     if not r.return_logprob:
-        return None
+        return LogprobSpec(-1, [], output=True) if r.spot_check else None
     prompt_from, targets = -1, []
     if r.wants_prompt_logprobs:
         # Row j predicts prompt token j + 1; wanted targets are [max(start_len, 1), prompt_len).

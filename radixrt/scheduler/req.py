@@ -52,6 +52,8 @@ class Req:
     input_logprobs: list[float | None] = field(default_factory=list)
     input_top: list[TopLogprobs] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    spot_check: bool = False  # a quality spot check re-scores it when done (scheduler/spot_checks.py)
+    live_logprobs: list[float] = field(default_factory=list)  # spot_check: the logprob of each token it emitted
 
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:

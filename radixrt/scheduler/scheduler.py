@@ -29,6 +29,8 @@ from radixrt.messages import (
     KVMove,
     ReqOutput,
     SlotInit,
+    SpotCheck,
+    SpotCheckResult,
     TokenizedRequest,
     UpdateWeights,
     WeightsLoaded,
@@ -43,6 +45,7 @@ from radixrt.scheduler.bad_input import (
     rid_of,
 )
 from radixrt.scheduler.budget import AdmissionBudget
+from radixrt.scheduler.figures import SchedulerFigures
 from radixrt.scheduler.grammars import GrammarWaitlist
 from radixrt.scheduler.jump_forward import can_jump, jump
 from radixrt.scheduler.kv_memory import KVMemory
@@ -58,11 +61,17 @@ from radixrt.scheduler.policy import SCHEDULE_POLICIES
 from radixrt.scheduler.req import Req, lengthened_namespace, longrope_namespace
 from radixrt.scheduler.retained_kv import add_mass
 from radixrt.scheduler.retention_rules import RetentionRules
+from radixrt.scheduler.spot_checks import SpotChecks
 from radixrt.scheduler.stop import StopChecker
 from radixrt.scheduler.weight_update import ABORTED_FOR_UPDATE, PendingUpdate
 
 logger = logging.getLogger(__name__)
 GRAMMAR_POLL_MS = 5  # how often a scheduler with only compiling grammars looks for them
+# why a running request gave its pages back (counters retractions_<cause>, /metrics' cause label):
+# decode_growth: decoding requests needed pages for their next tokens; admission: nothing could run
+# at all; long_rope: a longrope model's sequence outgrew its original context and runs again
+RETRACTION_CAUSES = ("decode_growth", "admission", "long_rope")
+RETRACTION_PREFIX = "retractions_"
 
 
 class Outcome(enum.Enum):
@@ -115,8 +124,13 @@ class Scheduler:
         self.admissions = 0
         self.counters = dict.fromkeys(
             ("retractions", "prompt_tokens", "cached_prompt_tokens", "swaps_out", "swaps_in", "recomputed_tokens",
-             "jump_forward_tokens", "weight_updates"), 0
+             "jump_forward_tokens", "weight_updates", "requests_refused_no_memory",
+             *(RETRACTION_PREFIX + cause for cause in RETRACTION_CAUSES)), 0
         )
+        self.figures = SchedulerFigures(worker, args.tp_size)
+        self.spot = SpotChecks(args.quality_spot_check_rate, args.quality_spot_check_min_agreement,
+                               args.quality_spot_check_queue, args.random_seed,
+                               worker.long_prompt_threshold or worker.context_length)
         self.tier_move_seconds = 0.0
 
     @property
@@ -126,8 +140,8 @@ class Scheduler:
     @property
     def poll_ms(self) -> int | None:
         """How long the loop may block for new messages: forever when idle, not at all with work
-        to run, a little while only grammars are compiling."""
-        if self.waiting or self.running:
+        to run (or a spot check to run in idle time), a little while only grammars are compiling."""
+        if self.waiting or self.running or self.spot_check_due:
             return 0
         return GRAMMAR_POLL_MS if self.grammars else None
 
@@ -148,6 +162,8 @@ class Scheduler:
             return
         r = Req.from_msg(msg)
         r.retention = budget
+        self.spot.sample(r)
+        self.figures.arrived(r.rid)
         if self.long_prompt_threshold:  # a longrope model: long prompts' KV is not short prompts'
             r.long_rope = r.prompt_len > self.long_prompt_threshold
             r.cache_salt = longrope_namespace(r.cache_salt, r.long_rope)
@@ -204,7 +220,22 @@ class Scheduler:
 
     def take_outputs(self) -> list[ReqOutput]:
         out, self.outbox = self.outbox, []
+        self.figures.attach(out)
         return out
+
+    # -- quality spot checks, in idle time --------------------------------------
+
+    @property
+    def spot_check_due(self) -> bool:
+        """A spot check's next chunk may run: it has one, and no live request waits for the workers."""
+        return self.spot.has_work and self.idle and self.update is None
+
+    def next_spot_check(self) -> SpotCheck:
+        return self.spot.next_message()
+
+    def spot_checked(self, res: SpotCheckResult) -> None:
+        self.spot.record(res)
+        self.figures.note_memory(res.memory)
 
     def flush_cache(self) -> str | None:
         """Empty the prefix cache; returns why not when requests are in the system."""
@@ -262,11 +293,12 @@ class Scheduler:
             self._schedule_decodes(entries)
             self._schedule_prefills(entries)
             if not entries and (self.waiting or self.running):
-                self._make_room()
+                self._make_room("admission")
         if not entries:
             return None
         self.step_no += 1
         self.budget.on_step()
+        self.figures.note_used(self.mem.used_pages)
         src, dst = self.mem.take_copies()
         batch = ForwardBatch(self.step_no, entries, self.freed_slots, src, dst)
         self.freed_slots = []
@@ -275,7 +307,7 @@ class Scheduler:
     def _schedule_decodes(self, entries: list[BatchEntry]) -> None:
         decoding = [r for r in self.running if r.is_decoding]
         while sum(self.mem.pages_needed(r, 1) for r in decoding) > self.mem.available:
-            victim = self._make_room()
+            victim = self._make_room("decode_growth")
             if victim in decoding:
                 decoding.remove(victim)
         for r in decoding:
@@ -336,18 +368,20 @@ class Scheduler:
         probe = r.tokens(0, end)
         return any(a.cache_salt == r.cache_salt and a.seq_len > end and a.tokens(0, end) == probe for a in computing)
 
-    def _make_room(self) -> Req | None:
-        """Nothing fits: retract the newest running request, or, with none running,
-        reject the first waiting one (it cannot fit even an empty pool)."""
+    def _make_room(self, cause: str) -> Req | None:
+        """Nothing fits: retract the newest running request (cause: RETRACTION_CAUSES), or, with
+        none running, reject the first waiting one (it cannot fit even an empty pool)."""
         if self.running:
             victim = max(self.running, key=lambda r: r.admitted_at)
             if len(self.running) == 1:
+                self.counters["requests_refused_no_memory"] += 1
                 self._finish(victim, FinishReason("abort", message="the KV pool is too small for this sequence"))
             else:
-                self._retract(victim)
+                self._retract(victim, cause)
             return victim
         r = self.waiting.pop(0)
         pool = self.mem.num_pages
+        self.counters["requests_refused_no_memory"] += 1
         self._finish(r, FinishReason("abort", message=f"the prompt needs more KV pages than the pool's {pool}"))
         return r
 
@@ -363,6 +397,7 @@ class Scheduler:
         r.recompute_len = 0
         r.slot = self.free_slots.pop()
         r.slot_initialized = False
+        self.figures.scheduled(r.rid)
         self.admissions += 1
         r.admitted_at = self.admissions
         self.running.append(r)
@@ -389,6 +424,7 @@ class Scheduler:
         """Apply the worker's result for the batch in flight. An entry the worker reports
         failed, or whose outputs raise here, finishes its request alone (abort, status 500)."""
         self.tier_move_seconds += batch.move_seconds
+        self.figures.note_memory(batch.memory)
         failed = {e.entry: e.message for e in batch.errors}
         ids = iter(batch.next_ids)  # failed entries have none
         for i, (r, n) in enumerate(self.inflight):
@@ -412,6 +448,7 @@ class Scheduler:
             if out is not None:
                 self.outbox.append(out)
             if r.finish is not None:
+                self.spot.on_finish(r)
                 self._release(r)
             elif self.long_prompt_threshold and not r.long_rope and r.seq_len > self.long_prompt_threshold:
                 self._recompute_under_long_rope(r)
@@ -428,6 +465,7 @@ class Scheduler:
             r.output_ids.append(next_id)
             out.new_ids = [next_id]
             attach_output_logprobs(lp, out)
+            self.spot.note_output(r, lp)
             if r.grammar is not None and not r.grammar.accept(next_id):
                 raise RuntimeError(f"sampled token {next_id}, which its grammar does not allow")
             r.finish = self._finish_after(r, 1)
@@ -469,7 +507,7 @@ class Scheduler:
         self.freed_slots.append(r.slot)
         r.slot = None
 
-    def _retract(self, r: Req) -> None:
+    def _retract(self, r: Req, cause: str) -> None:
         """Give r's pages back and queue it first: swapped to host memory (by --preemption-mode),
         or to recompute prompt + output so far (what the prefix cache still holds is reused)."""
         swapped = self._swaps(r) and r.sampling.max_new_tokens > 0 and self.mem.swap_out(r)
@@ -481,6 +519,7 @@ class Scheduler:
         else:
             self._requeue_to_recompute(r)
         self.counters["retractions"] += 1
+        self.counters[RETRACTION_PREFIX + cause] += 1
         self.budget.on_retract()
 
     def _requeue_to_recompute(self, r: Req) -> None:
@@ -496,6 +535,7 @@ class Scheduler:
         cache), so r's short-factor KV goes to the cache (for short prompts) and r runs again
         in the long namespace."""
         self._requeue_to_recompute(r)
+        self.counters[RETRACTION_PREFIX + "long_rope"] += 1
         r.long_rope = True
         r.cache_salt = lengthened_namespace(r.cache_salt)
 
@@ -511,8 +551,12 @@ class Scheduler:
 
     def stats(self) -> dict[str, int | float]:
         prompt = self.counters["prompt_tokens"]
+        pool = self.mem.stats()
         return {
-            **self.mem.stats(),
+            **pool,
+            **self.figures.stats(pool),
+            **self.spot.stats(),
+            "page_size": self.mem.page_size,
             "running": len(self.running),
             "waiting": len(self.waiting),
             "cache_hit_rate": self.counters["cached_prompt_tokens"] / prompt if prompt else 0.0,

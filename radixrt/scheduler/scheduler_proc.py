@@ -23,6 +23,7 @@ from radixrt.messages import (
     SchedulerToFrontend,
     SchedulerToWorker,
     Shutdown,
+    SpotCheckResult,
     TokenBatchOut,
     TokenizedRequest,
     UpdateWeights,
@@ -98,6 +99,9 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
         outputs = sched.take_outputs()
         if outputs:
             outbox.send(TokenBatchOut(outputs))
+        if sched.spot_check_due:  # idle: one chunk of a quality spot check, then look for requests again
+            send_all(to_workers, sched.next_spot_check())
+            sched.spot_checked(answer(from_worker, SpotCheckResult, "a quality spot check", args.watchdog_timeout))
         if sched.update_due:  # the old weights' last request is done
             outbox.send(update_weights(sched, to_workers, from_worker, args.watchdog_timeout))
             outputs = sched.take_outputs()  # held requests the update released may be answered at once

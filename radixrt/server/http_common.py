@@ -23,9 +23,13 @@ DISCONNECT_POLL_S = 1.0
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, type: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, param: str | None = None, type: str = "invalid_request_error",
+                 cause: str | None = None):
+        """cause: what /metrics counts the error under (radixrt:refused_requests_total and
+        radixrt:internal_errors_total): default the field it names, else its kind."""
         super().__init__(message)
         self.status, self.message, self.param, self.type = status, message, param, type
+        self.cause = cause or param or type.removesuffix("_error")
 
 
 @dataclass
@@ -58,7 +62,14 @@ def error_response(err: ApiError) -> Response:
 def failure(f: Any) -> ApiError:
     """A failed request's finish reason (an abort with a status) as an ApiError."""
     return ApiError(f.status_code, f.message or "the request failed",
-                    type="invalid_request_error" if f.status_code < 500 else "server_error")
+                    type="invalid_request_error" if f.status_code < 500 else "server_error",
+                    cause="request_failed" if f.status_code >= 500 else None)
+
+
+def counted(ctx: ServerContext, err: ApiError) -> ApiError:
+    """err, counted in /metrics (for an error answered without raising it: a stream's error event)."""
+    ctx.metrics.count_error(err.status, err.cause)
+    return err
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -75,7 +86,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the request body is larger than {limit} bytes (--max-request-bytes)")
+    return ApiError(413, f"the request body is larger than {limit} bytes (--max-request-bytes)", cause="body_too_large")
 
 
 async def read_typed(ctx: ServerContext, request: Request, kind: type) -> Any:
@@ -129,9 +140,9 @@ class Submission:
             self.abort()
 
     def abort(self) -> None:
-        for s in self.states:
-            if not s.done:
-                self.ctx.manager.abort(s.rid)
+        """Abort the requests not done (a client that left: counted as SGLang counts aborts)."""
+        aborted = sum(self.ctx.manager.abort(s.rid) and s.log_metrics for s in self.states if not s.done)
+        self.ctx.metrics.count_aborts(aborted)
 
     def check(self) -> None:
         """Raise the first failure among the finished requests as an ApiError."""

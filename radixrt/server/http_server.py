@@ -21,6 +21,7 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
 from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
@@ -59,26 +60,32 @@ def create_app(ctx: ServerContext) -> FastAPI:
     async def guard(request: Request, call_next):
         key = required_key(request.url.path, ctx.args, request.method)
         if key and not bearer_matches(request.headers.get("authorization"), key):
-            return error_response(ApiError(401, "invalid or missing API key", type="authentication_error"))
+            return _answer(ctx, ApiError(401, "invalid or missing API key", type="authentication_error", cause="auth"))
         try:
             return await call_next(request)
         except ApiError as e:
-            return error_response(e)
+            return _answer(ctx, e)
         except RequestError as e:
-            return error_response(ApiError(e.status, e.message, e.param))
+            return _answer(ctx, ApiError(e.status, e.message, e.param))
         except BackendDied as e:
-            return error_response(ApiError(503, f"the backend died: {e}", type="server_error"))
+            return _answer(ctx, ApiError(503, f"the backend died: {e}", type="server_error", cause="backend_died"))
         except TimeoutError as e:
-            return error_response(ApiError(503, str(e), type="server_error"))
+            return _answer(ctx, ApiError(503, str(e), type="server_error", cause="timeout"))
         except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, answered, survived
             logger.exception("internal error on %s %s", request.method, request.url.path)
-            return error_response(ApiError(500, f"internal server error ({type(e).__name__}); see the server log",
-                                           type="server_error"))
+            return _answer(ctx, ApiError(500, f"internal server error ({type(e).__name__}); see the server log",
+                                         type="server_error", cause="internal"))
 
     add_native_routes(app, ctx)
     add_openai_routes(app, ctx)
     install_openapi(app)
     return app
+
+
+def _answer(ctx: ServerContext, err: ApiError) -> Response:
+    """The error's answer, counted in /metrics by status and cause."""
+    ctx.metrics.count_error(err.status, err.cause)
+    return error_response(err)
 
 
 def install_openapi(app: FastAPI) -> None:

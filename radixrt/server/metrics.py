@@ -1,6 +1,11 @@
-"""Prometheus metrics for /metrics: latencies and token counts from the frontend's view,
-scheduler gauges (queues, KV pool, cache) read from the scheduler at scrape time, and the prefix-cache
-diagnosis of recent requests (GET /cache_report) read from the frontend at scrape time.
+"""Prometheus metrics for /metrics (docs/metrics.md lists them): latencies, lengths and token
+counts from the frontend's view of each request, the HTTP door's refusals and errors, scheduler
+figures (queues, KV pool, memory, tiers, spot checks) read from the scheduler at scrape time,
+and the prefix-cache diagnosis of recent requests read from the frontend at scrape time.
+
+Where SGLang 0.5.9 has the same metric it has SGLang's name, type and labels (`model_name`, and
+the scheduler's `engine_type`, `tp_rank`, `pp_rank`, `moe_ep_rank`), so SGLang's dashboards
+work unchanged; radixrt-only metrics keep the `radixrt:` prefix.
 
 One CollectorRegistry per server (no module-level state).
 """
@@ -11,24 +16,58 @@ import time
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from radixrt.frontend.cache_findings import DIVERGENCE_BUCKETS
 from radixrt.frontend.cache_report import divergence_position
 from radixrt.frontend.req_state import ReqState
 from radixrt.messages import ReqOutput
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-# scheduler stat -> (metric name, help)
-SCHEDULER_GAUGES = {
-    "running": ("radixrt:num_running_reqs", "requests in the running batch"),
-    "waiting": ("radixrt:num_queue_reqs", "requests waiting for admission"),
-    "kv_usage": ("radixrt:token_usage", "fraction of KV pages in use by requests or the prefix cache"),
-    "cache_hit_rate": ("radixrt:cache_hit_rate", "cached prompt tokens / prompt tokens since start"),
+# SGLang's default buckets, with finer ones below them: a small model on a CPU answers in milliseconds
+_FINE = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05)
+TTFT_BUCKETS = _FINE + (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+ITL_BUCKETS = (0.0005, 0.001) + (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
+                                 0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)
+E2E_BUCKETS = _FINE + (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
+QUEUE_BUCKETS = (0.0, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05) + (
+    0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900,
+    1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64) + (
+    100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12000, 15000, 20000, 22000,
+    25000, 30000, 35000, 40000, 66000, 99000, 132000, 300000, 600000, 900000, 1100000)
+FRACTION_BUCKETS = tuple(i / 10 for i in range(11))
+# SGLang's scheduler labels besides model_name (one unified engine, one pipeline stage; the ranks' figures are rank 0's)
+SCHEDULER_LABELS = {"engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+
+# scheduler stat -> (SGLang metric name, help): gauges
+SGLANG_GAUGES = {
+    "running": ("sglang:num_running_reqs", "The number of running requests."),
+    "waiting": ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
+    "kv_usage": ("sglang:token_usage", "The token usage (fraction of KV pages held by requests or the prefix cache)."),
+    "cache_hit_rate": ("sglang:cache_hit_rate", "The prefix cache hit rate (cached / prompt tokens since start)."),
+    "used_tokens": ("sglang:num_used_tokens", "The number of used tokens (KV pages requests hold, in tokens)."),
+    "max_total_tokens": ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
+}
+# scheduler stat -> (radixrt metric name, help): gauges, and counters (names ending in _total)
+SCHEDULER_FIGURES = {
     "cached_pages": ("radixrt:cached_pages", "KV pages held by the prefix cache"),
+    "used_pages": ("radixrt:kv_used_pages", "KV pages held by requests"),
+    "kv_peak_used_pages": ("radixrt:kv_peak_used_pages", "the most KV pages requests held at once since start"),
     "evicted_pages": ("radixrt:evicted_pages_total", "KV pages evicted from the prefix cache"),
     "retractions": ("radixrt:retractions_total", "running requests retracted for lack of KV pages"),
+    "requests_refused_no_memory": ("radixrt:requests_refused_no_memory_total",
+                                   "requests ended because the KV pool could never hold them"),
     "bytes_per_token": ("radixrt:kv_bytes_per_token", "KV pool bytes one token takes (per rank, all layers, with scales)"),
+    "worker_rss_bytes": ("radixrt:worker_rss_bytes", "resident memory of the worker process (rank 0)"),
+    "worker_rss_peak_bytes": ("radixrt:worker_rss_peak_bytes", "the worker process's resident-memory high-water mark"),
+    "device_memory_allocated_bytes": ("radixrt:device_memory_allocated_bytes", "CUDA memory torch has allocated (rank 0)"),
+    "device_memory_reserved_bytes": ("radixrt:device_memory_reserved_bytes", "CUDA memory torch's allocator reserved"),
+    "device_memory_peak_bytes": ("radixrt:device_memory_peak_bytes", "the most CUDA memory torch had allocated"),
+    "memory_limit_bytes": ("radixrt:memory_limit_bytes", "the OOM line: the GPU's memory, or the host's (cgroup's) on CPU"),
+    "host_tier_used_bytes": ("radixrt:host_tier_used_bytes", "host-memory KV tier bytes in use (cache and swap)"),
+    "host_tier_capacity_bytes": ("radixrt:host_tier_capacity_bytes", "host-memory KV tier size"),
+    "disk_tier_used_bytes": ("radixrt:disk_tier_used_bytes", "disk KV tier bytes in use"),
+    "disk_tier_capacity_bytes": ("radixrt:disk_tier_capacity_bytes", "disk KV tier size"),
     "host_pages": ("radixrt:host_kv_pages", "pages of the host KV tier (hierarchical cache or swap space)"),
     "host_cached_pages": ("radixrt:host_cached_pages", "host tier pages holding cached KV"),
     "host_swap_pages": ("radixrt:host_swap_pages", "host tier pages holding swapped-out requests"),
@@ -52,25 +91,61 @@ SCHEDULER_GAUGES = {
                                        "retained / computed KV tokens of the running requests under a retention policy"),
     "kv_retention_peak_pages": ("radixrt:kv_retention_peak_pages", "the most KV pages a request under a retention "
                                 "policy held after a step"),
+    "quality_spot_checks": ("radixrt:quality_spot_checks_total", "quality spot checks done"),
+    "quality_spot_check_tokens": ("radixrt:quality_spot_check_tokens_total", "emitted tokens the spot checks re-scored"),
+    "quality_top1_agreement": ("radixrt:quality_top1_agreement", "share of spot-checked emitted tokens that were the "
+                               "reference configuration's top token, since start"),
+    "quality_mean_abs_dlogprob": ("radixrt:quality_mean_abs_dlogprob", "mean |live - reference logprob| of the "
+                                  "spot-checked emitted tokens, since start"),
+    "quality_last_top1_agreement": ("radixrt:quality_last_top1_agreement", "the last spot check's top-1 agreement"),
+    "quality_last_mean_abs_dlogprob": ("radixrt:quality_last_mean_abs_dlogprob", "the last spot check's mean |dlogprob|"),
+    "quality_spot_checks_pending": ("radixrt:quality_spot_checks_pending", "spot checks waiting for idle time"),
+    "quality_spot_checks_skipped": ("radixrt:quality_spot_checks_skipped_total",
+                                    "spot checks dropped (a full queue, a sequence longer than the reference pool)"),
 }
 RETENTION_REQUESTS = "kv_retention_requests_"  # + policy: admitted requests per retention policy
+RETRACTIONS = "retractions_"  # + cause (scheduler.RETRACTION_CAUSES)
+
+
+def _family(name: str, help_text: str, value: float, labels: dict[str, str]):
+    """A one-sample gauge, or a counter when the name ends in _total."""
+    kind = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
+    fam = kind(name.removesuffix("_total") if kind is CounterMetricFamily else name, help_text, labels=list(labels))
+    fam.add_metric(list(labels.values()), value)
+    return fam
 
 
 class _SchedulerCollector:
-    def __init__(self, stats: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, stats: Callable[[], dict[str, float]], model_name: str) -> None:
         self._stats = stats
+        self._model = {"model_name": model_name}
+        self._sched = {**self._model, **SCHEDULER_LABELS}
 
     def collect(self):
         s = dict(self._stats())
         s["kv_usage"] = 1 - s["free_pages"] / s["num_pages"] if s.get("num_pages") else 0.0
-        for key, (name, help_text) in SCHEDULER_GAUGES.items():
-            yield GaugeMetricFamily(name, help_text, value=float(s.get(key, 0)))
-        policies = GaugeMetricFamily("radixrt:kv_retention_requests_total",
-                                     "requests admitted under each bounded-KV retention policy", labels=["policy"])
+        page = s.get("page_size", 1)
+        s["used_tokens"] = s.get("used_pages", 0) * page
+        s["max_total_tokens"] = s.get("num_pages", 0) * page
+        for key, (name, help_text) in SGLANG_GAUGES.items():
+            yield _family(name, help_text, float(s.get(key, 0)), self._sched)
+        yield _family("sglang:num_retracted_requests_total", "Total number of retracted requests.",
+                      float(s.get("retractions", 0)), self._sched)
+        for key, (name, help_text) in SCHEDULER_FIGURES.items():
+            yield _family(name, help_text, float(s.get(key, 0)), {})
+        yield self._labelled(s, "radixrt:kv_retention_requests", "requests admitted under each bounded-KV retention "
+                             "policy", RETENTION_REQUESTS, "policy")
+        yield self._labelled(s, "radixrt:retractions_by_cause", "running requests that gave their KV pages back, by "
+                             "cause", RETRACTIONS, "cause")
+
+    @staticmethod
+    def _labelled(s: dict[str, float], name: str, help_text: str, prefix: str, label: str) -> CounterMetricFamily:
+        """A counter with one sample per stats key `prefix + <label value>`."""
+        fam = CounterMetricFamily(name, help_text, labels=[label])
         for key, value in s.items():
-            if key.startswith(RETENTION_REQUESTS):
-                policies.add_metric([key.removeprefix(RETENTION_REQUESTS)], float(value))
-        yield policies
+            if key.startswith(prefix):
+                fam.add_metric([key.removeprefix(prefix)], float(value))
+        return fam
 
 
 class _CacheReportCollector:
@@ -98,26 +173,57 @@ class _CacheReportCollector:
 
 class ServerMetrics:
     def __init__(self, scheduler_stats: Callable[[], dict[str, float]],
-                 cache_report: Callable[[], dict[str, Any]] | None = None) -> None:
-        """scheduler_stats and cache_report (CacheDiagnosis.report, optional) are read at each scrape."""
+                 cache_report: Callable[[], dict[str, Any]] | None = None, model_name: str = "") -> None:
+        """scheduler_stats and cache_report (CacheDiagnosis.report, optional) are read at each scrape;
+        model_name: the served model name (SGLang's model_name label)."""
         self.registry = r = CollectorRegistry()
-        self.ttft = Histogram("radixrt:time_to_first_token_seconds", "time to first token", buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("radixrt:inter_token_latency_seconds", "time between output tokens", buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("radixrt:e2e_request_latency_seconds", "request latency", buckets=LATENCY_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("radixrt:prompt_tokens", "prompt tokens of finished requests", registry=r)
-        self.generation_tokens = Counter("radixrt:generation_tokens", "generated tokens", registry=r)
-        self.cached_tokens = Counter("radixrt:cached_tokens", "prompt tokens reused from the prefix cache", registry=r)
+        self.model = model_name
+        m = ["model_name"]
+
+        def hist(name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, help_text, m, buckets=buckets, registry=r).labels(model_name)
+
+        def count(name: str, help_text: str) -> Counter:
+            return Counter(name, help_text, m, registry=r).labels(model_name)
+
+        self.ttft = hist("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = hist("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.e2e = hist("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+                        E2E_BUCKETS)
+        # SGLang's scheduler observes queueing, so it has the scheduler's labels
+        self.queue_time = Histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
+                                    m + list(SCHEDULER_LABELS), buckets=QUEUE_BUCKETS,
+                                    registry=r).labels(model_name, *SCHEDULER_LABELS.values())
+        self.prompt_len = hist("sglang:prompt_tokens_histogram", "Histogram of prompt token length.", TOKEN_BUCKETS)
+        self.output_len = hist("sglang:generation_tokens_histogram", "Histogram of generation token length.",
+                               TOKEN_BUCKETS)
+        self.tpot = hist("radixrt:time_per_output_token_seconds", "each request's mean time between output tokens "
+                         "after its first (requests with two or more)", ITL_BUCKETS)
+        self.cached_fraction = hist("radixrt:request_cached_fraction", "each request's cached prompt tokens / prompt "
+                                    "tokens", FRACTION_BUCKETS)
+        self.prompt_tokens = count("sglang:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = count("sglang:generation_tokens", "Number of generation tokens processed.")
+        self.cached_tokens = Counter("sglang:cached_tokens", "Number of cached prompt tokens by source "
+                                     "(device/host/storage).", m + ["cache_source"], registry=r).labels(model_name, "total")
+        self.num_requests = count("sglang:num_requests", "Number of requests processed.")
+        self.aborted = count("sglang:num_aborted_requests", "Number of requests aborted.")
         self.requests = Counter("radixrt:requests", "finished requests by finish reason", ["finish_reason"], registry=r)
+        self.refused = Counter("radixrt:refused_requests", "requests answered 4xx, by status and cause (the field "
+                               "named, or the kind)", ["status", "cause"], registry=r)
+        self.internal_errors = Counter("radixrt:internal_errors", "requests answered 5xx, by status and cause",
+                                       ["status", "cause"], registry=r)
         self.divergence = Histogram("radixrt:cache_divergence_tokens",
                                     "where each prompt diverged from its cached match (fully matched: its length)",
                                     buckets=DIVERGENCE_BUCKETS, registry=r)
-        r.register(_SchedulerCollector(scheduler_stats))
+        r.register(_SchedulerCollector(scheduler_stats, model_name))
         if cache_report is not None:
             r.register(_CacheReportCollector(cache_report))
 
     def observe(self, state: ReqState, out: ReqOutput) -> None:
         """Called with each output before it is applied to the request's state."""
         now = time.perf_counter()
+        if out.queue_time is not None:
+            self.queue_time.observe(out.queue_time)
         if out.new_ids:
             if state.first_token_at is None:
                 self.ttft.observe(now - state.created)
@@ -127,11 +233,33 @@ class ServerMetrics:
                     self.itl.observe(gap)
             self.generation_tokens.inc(len(out.new_ids))
         if out.finish is not None:
-            self.e2e.observe(now - state.created)
-            self.prompt_tokens.inc(len(state.prompt_ids))
-            self.cached_tokens.inc(out.cached_tokens)
-            self.divergence.observe(divergence_position(len(state.prompt_ids), out.cached_tokens))
-            self.requests.labels(out.finish.type).inc()
+            self._finished(state, out, now)
+
+    def _finished(self, state: ReqState, out: ReqOutput, now: float) -> None:
+        prompt, output = len(state.prompt_ids), len(state.output_ids) + len(out.new_ids)
+        self.e2e.observe(now - state.created)
+        self.prompt_tokens.inc(prompt)
+        self.cached_tokens.inc(out.cached_tokens)
+        self.num_requests.inc()
+        self.prompt_len.observe(prompt)
+        self.output_len.observe(output)
+        if prompt:
+            self.cached_fraction.observe(out.cached_tokens / prompt)
+        first = state.first_token_at if state.first_token_at is not None else now
+        if output > 1:  # its last token came now, or with an earlier output when this one only finishes it
+            last = now if out.new_ids else state.last_token_at
+            self.tpot.observe((last - first) / (output - 1))
+        self.divergence.observe(divergence_position(prompt, out.cached_tokens))
+        self.requests.labels(out.finish.type).inc()
+
+    def count_aborts(self, n: int) -> None:
+        """Requests a client aborted (/abort_request, or a dropped connection), as SGLang counts them."""
+        if n:
+            self.aborted.inc(n)
+
+    def count_error(self, status: int, cause: str) -> None:
+        """One HTTP error answer: a refusal (4xx) or an internal error (5xx)."""
+        (self.refused if status < 500 else self.internal_errors).labels(str(status), cause).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -14,8 +14,8 @@ from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N
 from radixrt.frontend.generate_input import GenerateInput, GenerateRequest
 from radixrt.frontend.weights import check_update_options, model_info
 from radixrt.server.http_common import (
-    SSE_DONE, ApiError, ServerContext, Submission, body_schema, error_body, error_response, failure, generate_input,
-    json_response, read_typed, sse
+    SSE_DONE, ApiError, ServerContext, Submission, body_schema, counted, error_body, error_response, failure,
+    generate_input, json_response, read_typed, sse
 )
 from radixrt.server.launcher import resolve_update_path
 from radixrt.server.schemas import UPDATE_CALL_FIELDS, AbortBody, UpdateWeightsBody
@@ -46,7 +46,7 @@ def _add_generate(app: FastAPI, ctx: ServerContext) -> None:
         if req.stream:
             return StreamingResponse(_native_stream(sub), media_type="text/event-stream")
         if not await sub.wait(request):
-            return error_response(ApiError(499, "client closed the request"))
+            return error_response(counted(ctx, ApiError(499, "client closed the request", cause="client_closed")))
         sub.check()
         results = sub.results()
         return json_response(results if gen.is_batch or len(results) > 1 else results[0])
@@ -93,7 +93,7 @@ def _add_admin(app: FastAPI, ctx: ServerContext) -> None:
     def flush_cache() -> Response:
         reply = ctx.manager.flush_cache()
         if reply.error:
-            return error_response(ApiError(400, reply.error))
+            return error_response(counted(ctx, ApiError(400, reply.error, cause="flush_cache")))
         return Response("Cache flushed.\n", status_code=200)
 
     @app.post("/update_weights_from_disk", openapi_extra=body_schema("UpdateWeightsBody"))
@@ -111,9 +111,9 @@ def _add_admin(app: FastAPI, ctx: ServerContext) -> None:
     async def abort_request(request: Request) -> Response:
         body: AbortBody = await read_typed(ctx, request, AbortBody)
         if body.abort_all:
-            ctx.manager.abort_all()
+            ctx.metrics.count_aborts(ctx.manager.abort_all())
         elif body.rid:
-            ctx.manager.abort(body.rid)
+            ctx.metrics.count_aborts(int(ctx.manager.abort(body.rid)))
         else:
             raise ApiError(400, "abort_request needs a rid (or abort_all: true)", param="rid")
         return Response(status_code=200)
@@ -131,7 +131,7 @@ async def _native_stream(sub: Submission) -> AsyncIterator[bytes]:
     tokenizer, state = sub.ctx.manager.tokenizer, sub.states[0]
     async for _ in sub.stream():
         if state.error is not None:
-            yield sse(error_body(failure(state.error)))
+            yield sse(error_body(counted(sub.ctx, failure(state.error))))
             break
         yield sse(state.result(tokenizer))
     yield SSE_DONE

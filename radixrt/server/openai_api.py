@@ -35,7 +35,7 @@ from radixrt.frontend.req_state import ReqState
 from radixrt.sampling_params import SamplingParamsIn, refuse_unsupported
 from radixrt.server.chat_templates import named_template
 from radixrt.server.http_common import (
-    SSE_DONE, ApiError, ServerContext, Submission, body_schema, error_body, failure, generate_input, json_response,
+    SSE_DONE, ApiError, ServerContext, Submission, body_schema, counted, error_body, failure, generate_input, json_response,
     read_typed, sse
 )
 from radixrt.server.schemas import (
@@ -380,7 +380,7 @@ async def _respond(ctx: ServerContext, request: Request, body: OpenAISampling, r
         usage = StreamUsage(bool(options and options.include_usage), bool(options and options.continuous_usage_stats))
         return StreamingResponse(_stream(sub, meta, view, logprobs, usage), media_type="text/event-stream")
     if not await sub.wait(request):
-        raise ApiError(499, "client closed the request")
+        raise ApiError(499, "client closed the request", cause="client_closed")
     sub.check()
     tok = ctx.manager.tokenizer
     choices = [view(tok, s, i, s.result(tok)["text"], (0, len(s.output_ids)) if logprobs else None, False)
@@ -415,7 +415,7 @@ async def _stream(sub: Submission, meta: dict[str, Any], view: ChoiceView, logpr
     async for _ in sub.stream():
         failed = next((s.error for s in sub.states if s.error is not None), None)
         if failed is not None:
-            yield sse(error_body(failure(failed)))
+            yield sse(error_body(counted(sub.ctx, failure(failed))))
             break
         for i, s in enumerate(sub.states):
             done, end = s.done, len(s.output_ids)  # read first: the receiving thread appends meanwhile

@@ -13,8 +13,9 @@ over a small pool in the model's dtype, once over the real, quantized pool.
     worker logs them and refuses to start when agreement is below
     `--kv-quant-min-agreement`.
 
-`compare_logits` is the project's one definition of "how far quantized KV moved
-the model" (bench/kv_quant_quality.py, the tests and this check use it), and
+`compare_at` (behind `compare_logits`) is the project's one definition of "how far
+quantized KV moved the model" (bench/kv_quant_quality.py, the tests, this check and
+the quality spot checks of worker/spot_check.py use it), and
 `teacher_forced_logits` the one way to get every position's logits over a pool.
 """
 
@@ -70,16 +71,30 @@ class PrecisionReport:
 
 
 def compare_logits(reference: torch.Tensor, candidate: torch.Tensor) -> PrecisionReport:
-    """reference, candidate: [N, vocab] logits at the same N positions (same inputs) -> the report."""
+    """reference, candidate: [N, vocab] logits at the same N positions (same inputs) -> the report,
+    measured at the reference's top token."""
     if reference.shape != candidate.shape:
         raise ValueError(f"logits of different shapes: {tuple(reference.shape)} and {tuple(candidate.shape)}")
     ref_lp = torch.log_softmax(reference.float(), -1)
     cand_lp = torch.log_softmax(candidate.float(), -1)
     top = ref_lp.argmax(-1, keepdim=True)  # [N, 1]
-    delta = (ref_lp.gather(-1, top) - cand_lp.gather(-1, top)).abs().squeeze(-1)  # [N]
+    return compare_at(ref_lp.gather(-1, top).squeeze(-1), top.squeeze(-1), cand_lp.gather(-1, top).squeeze(-1),
+                      cand_lp.argmax(-1))
+
+
+def compare_at(ref_logprob: torch.Tensor, ref_top: torch.Tensor, cand_logprob: torch.Tensor,
+               cand_top: torch.Tensor) -> PrecisionReport:
+    """The comparison itself, over N positions: each run's logprob of the token measured there
+    (ref_logprob, cand_logprob: [N] float) and each run's top token (ref_top, cand_top: [N] int).
+    compare_logits measures at the reference's top token; a quality spot check
+    (worker/spot_check.py) at the token the live server emitted, whose top it was."""
+    if not len(ref_logprob) == len(ref_top) == len(cand_logprob) == len(cand_top) > 0:
+        raise ValueError(f"positions differ or are none: {len(ref_logprob)}, {len(ref_top)}, {len(cand_logprob)}, "
+                         f"{len(cand_top)}")
+    delta = (ref_logprob.float() - cand_logprob.float()).abs()  # [N]
     return PrecisionReport(
-        positions=len(top),
-        top1_agreement=(cand_lp.argmax(-1) == top.squeeze(-1)).float().mean().item(),
+        positions=len(delta),
+        top1_agreement=(cand_top == ref_top).float().mean().item(),
         max_abs_dlogprob=delta.max().item(),
         mean_abs_dlogprob=delta.mean().item(),
     )

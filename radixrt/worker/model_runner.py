@@ -20,7 +20,8 @@ from radixrt.config import ServerArgs
 from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend, default_attention_backend
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
 from radixrt.messages import (
-    BatchEntry, BatchResult, EntryError, EntryLogprobs, ForwardBatch, KVMove, WeightsLoaded, WorkerReady
+    BatchEntry, BatchResult, EntryError, EntryLogprobs, ForwardBatch, KVMove, SpotCheck, SpotCheckResult, WeightsLoaded,
+    WorkerReady
 )
 from radixrt.models import ModelConfig, load_model, reload_weights
 from radixrt.models.cpu_matmul import choose_matmul_dtype, hold_linear_weights_in
@@ -33,11 +34,15 @@ from radixrt.worker.kv_calibration import KVCalibrationError, PrecisionReport, c
 from radixrt.worker.kv_pool import PAGE_TABLE_DTYPE, page_table_shape, plan_num_pages
 from radixrt.worker.kv_tiers import KVTierStore, plan_host_pages, prepare_disk_dir, weights_fingerprint
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
+from radixrt.worker.memory_figures import MemoryFigures
 from radixrt.worker.retention_slots import RetentionSlots, gather_mass, refusals
 from radixrt.worker.sampler import Sampler, mask_disallowed
+from radixrt.worker.spot_check import SpotChecker
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# tokens of a quality spot check per message: a live request that arrives waits for one such chunk at most
+SPOT_CHECK_CHUNK = 512
 
 
 def resolve_device(name: str) -> torch.device:
@@ -113,6 +118,8 @@ class ModelRunner:
         self.tiers = self._tier_store(args, rank)
         self.graphs = self._capture_decode_graphs(args)
         self.sampler = Sampler(slots, cfg.vocab_size, device)
+        self.spot = self._spot_checker(args, kv_heads) if args.quality_spot_check_rate > 0 else None
+        self.memory = MemoryFigures(device)
         logger.info("worker ready: %s on %s, %d pages of %d tokens", cfg.model_type, device, num_pages, args.page_size)
 
     def _check_quantized_kv(self) -> PrecisionReport:
@@ -125,6 +132,25 @@ class ModelRunner:
         layers, heads = cfg.attention_layers(), rank_heads(cfg, self.tp)[1]
         make = lambda pool: create_attention_backend(self.backend_name, pool, heads, cfg.head_dim, layers)  # noqa: E731
         return check_quantized_pool(self.model, self.attn, make, prompts, args.kv_scales_file, args.kv_quant_min_agreement)
+
+    def _spot_checker(self, args: ServerArgs, kv_heads: int) -> SpotChecker:
+        """The quality spot checks' reference: a scratch pool in the model's dtype, one context long."""
+        cfg = self.cfg
+        pages = math.ceil(self.context_length / args.page_size)
+        pool = PagedKVCache(cfg.num_layers, pages, args.page_size, kv_heads, cfg.head_dim, self.dtype, self.device)
+        logger.info("quality spot checks: a %s reference pool of %d pages (%.1f MiB)", self.dtype, pages,
+                    sum(b.nbytes for b in pool.buffers) / 2**20)
+        attn = create_attention_backend(self.backend_name, pool, rank_heads(cfg, self.tp)[1], cfg.head_dim,
+                                        cfg.attention_layers())
+        return SpotChecker(self.model, attn, min(args.prefill_chunk, SPOT_CHECK_CHUNK))
+
+    def spot_check(self, msg: SpotCheck) -> SpotCheckResult:
+        """One chunk of a quality spot check (every rank runs it; rank 0's answer counts)."""
+        if self.spot is None:
+            return SpotCheckResult(msg.check_id, True, error="this worker has no spot-check pool")
+        result = self.spot.run(msg)
+        result.memory = self.memory.due()
+        return result
 
     def _fingerprint(self) -> str:
         """The loaded weights' KV fingerprint: what the disk tier's directory is named by."""
@@ -241,6 +267,7 @@ class ModelRunner:
             weight_bytes=sum(p.nbytes for p in self.model.parameters()),
             weights_fingerprint=self.fingerprint,
             retention_refusals=self.retention_refusals,
+            memory=self.memory.read(),
         )
 
     @torch.inference_mode()
@@ -272,7 +299,7 @@ class ModelRunner:
         errors = [EntryError(i, failed[i]) for i in sorted(failed)]
         next_ids = [t for t in ids if t is not None]  # an entry that failed its sample has none
         return BatchResult(step=batch.step, next_ids=next_ids, logprobs=logprobs, move_seconds=moved, errors=errors,
-                           page_mass=page_mass)
+                           page_mass=page_mass, memory=self.memory.due())
 
     def _sample(
         self, entries: list[BatchEntry], rows: LogitRows, logits: torch.Tensor, failed: dict[int, str]

@@ -9,7 +9,7 @@ import zmq
 from radixrt.config import ServerArgs
 from radixrt.ipc import PeerLost, Receiver, Sender
 from radixrt.messages import (
-    ForwardBatch, KVMoves, LoadWeights, ReadyMsg, SchedulerToWorker, Shutdown, WorkerToScheduler
+    ForwardBatch, KVMoves, LoadWeights, ReadyMsg, SchedulerToWorker, Shutdown, SpotCheck, WorkerToScheduler
 )
 from radixrt.utils.procs import Addresses, configure_child, startup_failed
 
@@ -49,6 +49,15 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 
                 raise SystemExit(1) from None
             if outbox is not None:
                 outbox.send(loaded)
+            continue
+        if isinstance(msg, SpotCheck):
+            try:
+                checked = runner.spot_check(msg)
+            except Exception:  # the reference forward itself: the device state is unknown
+                logging.exception("worker %d failed running spot check %d; exiting", rank, msg.check_id)
+                raise SystemExit(1) from None
+            if outbox is not None:
+                outbox.send(checked)
             continue
         assert isinstance(msg, ForwardBatch)
         try:
