@@ -29,6 +29,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(n: int, tries: int = 100) -> int:
+    """A port p with p .. p + n - 1 all free now (a multi-node server binds the ports just above
+    its dist_init_addr's: a client connection's ephemeral port there once failed a start)."""
+    for _ in range(tries):
+        p = free_port()
+        with contextlib.ExitStack() as held:
+            try:
+                for q in range(p, p + n):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", q))
+            except OSError:
+                continue
+        return p
+    raise RuntimeError(f"no run of {n} free ports in {tries} tries")
+
+
 def child_pids(pid: int) -> list[int]:
     """Processes whose parent is pid (read from /proc)."""
     out = []

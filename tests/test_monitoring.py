@@ -136,6 +136,8 @@ def test_abort_and_refusal_counters_rise(fp):
     assert after.value("radixrt:refused_requests_total", **refused) - before.value(
         "radixrt:refused_requests_total", 0.0, **refused) == 1
     assert after.value("sglang:num_aborted_requests_total") - before.value("sglang:num_aborted_requests_total", 0.0) == 1
+    by = {"cause": "abort_request"}
+    assert after.value("radixrt:aborted_requests_total", **by) - before.value("radixrt:aborted_requests_total", 0.0, **by) == 1
 
 
 def test_memory_watermark_gauges_on_cpu(fp):

@@ -19,7 +19,7 @@ from make_tiny_model import ensure_model
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
-from server_proc import child_pids, free_port, running_server, spawned_children, stop
+from server_proc import child_pids, free_port_run, running_server, spawned_children, stop
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0}
 
@@ -142,7 +142,7 @@ def second_node(path, *common: str):
 
 
 def two_node_args() -> tuple[str, ...]:
-    dist = f"127.0.0.1:{free_port()}"
+    dist = f"127.0.0.1:{free_port_run(4)}"  # node 0 binds the two ranks' channels on the ports above it
     return ("--tp-size", "2", "--nnodes", "2", "--dist-init-addr", dist, "--page-size", "16", "--max-total-tokens", "4096")
 
 

@@ -59,6 +59,7 @@ SOURCES: dict[str, tuple[str | None, str | None]] = {
     "swaps_in": ("swaps_in", "radixrt:swaps_in_total"),
     "evicted_pages": ("evicted_pages", "radixrt:evicted_pages_total"),
     "aborted": (None, "sglang:num_aborted_requests_total"),
+    "aborted_by_cause": (None, "radixrt:aborted_requests_total"),
     "refused": (None, "radixrt:refused_requests_total"),
     "retractions_by_cause": (None, "radixrt:retractions_by_cause_total"),
     "internal_errors": (None, "radixrt:internal_errors_total"),
@@ -226,10 +227,11 @@ def churn(f: Figures) -> list[str]:
 
 
 def failures(f: Figures) -> list[str]:
-    refused, errors = (causes(f.by_label(figure, "cause"), TOP_CAUSES) for figure in ("refused", "internal_errors"))
+    aborted, refused, errors = (causes(f.by_label(figure, "cause"), TOP_CAUSES)
+                                for figure in ("aborted_by_cause", "refused", "internal_errors"))
     return section(
         "failures",
-        f"aborted {num(f.get('aborted'))}   refused (4xx) {num(f.get('refused'))}{refused}   "
+        f"aborted {num(f.get('aborted'))}{aborted}   refused (4xx) {num(f.get('refused'))}{refused}   "
         f"internal errors (5xx) {num(f.get('internal_errors'))}{errors}   "
         f"refused for lack of memory {num(f.get('refused_no_memory'))}",
     )

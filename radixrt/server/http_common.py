@@ -142,7 +142,7 @@ class Submission:
     def abort(self) -> None:
         """Abort the requests not done (a client that left: counted as SGLang counts aborts)."""
         aborted = sum(self.ctx.manager.abort(s.rid) and s.log_metrics for s in self.states if not s.done)
-        self.ctx.metrics.count_aborts(aborted)
+        self.ctx.metrics.count_aborts(aborted, "client_disconnected")
 
     def check(self) -> None:
         """Raise the first failure among the finished requests as an ApiError."""

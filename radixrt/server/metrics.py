@@ -207,6 +207,8 @@ class ServerMetrics:
                                      "(device/host/storage).", m + ["cache_source"], registry=r).labels(model_name, "total")
         self.num_requests = count("sglang:num_requests", "Number of requests processed.")
         self.aborted = count("sglang:num_aborted_requests", "Number of requests aborted.")
+        self.aborted_by_cause = Counter("radixrt:aborted_requests", "requests a client aborted, by cause (abort_request, "
+                                        "client_disconnected)", ["cause"], registry=r)
         self.requests = Counter("radixrt:requests", "finished requests by finish reason", ["finish_reason"], registry=r)
         self.refused = Counter("radixrt:refused_requests", "requests answered 4xx, by status and cause (the field "
                                "named, or the kind)", ["status", "cause"], registry=r)
@@ -252,10 +254,11 @@ class ServerMetrics:
         self.divergence.observe(divergence_position(prompt, out.cached_tokens))
         self.requests.labels(out.finish.type).inc()
 
-    def count_aborts(self, n: int) -> None:
-        """Requests a client aborted (/abort_request, or a dropped connection), as SGLang counts them."""
+    def count_aborts(self, n: int, cause: str) -> None:
+        """Requests a client aborted (cause: abort_request, or client_disconnected), as SGLang counts them."""
         if n:
             self.aborted.inc(n)
+            self.aborted_by_cause.labels(cause).inc(n)
 
     def count_error(self, status: int, cause: str) -> None:
         """One HTTP error answer: a refusal (4xx) or an internal error (5xx)."""

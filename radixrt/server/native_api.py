@@ -111,9 +111,9 @@ def _add_admin(app: FastAPI, ctx: ServerContext) -> None:
     async def abort_request(request: Request) -> Response:
         body: AbortBody = await read_typed(ctx, request, AbortBody)
         if body.abort_all:
-            ctx.metrics.count_aborts(ctx.manager.abort_all())
+            ctx.metrics.count_aborts(ctx.manager.abort_all(), "abort_request")
         elif body.rid:
-            ctx.metrics.count_aborts(int(ctx.manager.abort(body.rid)))
+            ctx.metrics.count_aborts(int(ctx.manager.abort(body.rid)), "abort_request")
         else:
             raise ApiError(400, "abort_request needs a rid (or abort_all: true)", param="rid")
         return Response(status_code=200)
