@@ -144,12 +144,12 @@ def alone(dp, prompts) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def router(worker_urls: list[str], policy: str = "cache_aware") -> Iterator[str]:
-    """SGLang's router started by hand, as its own README does it."""
+def router(worker_urls: list[str], policy: str = "cache_aware", *flags: str) -> Iterator[str]:
+    """SGLang's router started by hand, as its own README does it (flags: more of its options)."""
     port = free_port()
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
            "--worker-urls", *worker_urls, "--policy", policy, "--log-level", "warn", "--api-key", KEY,
-           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -175,13 +175,16 @@ def test_cache_aware_router_in_front_of_two_servers_sends_a_document_where_it_is
     tok, ids = tokenizer(llama_path), corpus_ids(llama_path)
     docs = [tok.decode(ids[1000:1300]), tok.decode(ids[2000:2300])]
     servers = dp.replica_urls
-    with router(servers) as url:
+    # NOTE: with its default thresholds, sglang-router 0.3.2 calls two servers with 1 and 0
+    # requests in flight balanced and sends a cache miss to its smallest tree, which counts only
+    # servers that have been sent something: every miss here went to the first server. Strict
+    # thresholds make any difference in load an imbalance, which it settles by the least-loaded
+    # server; with equal loads it routes by cache.
+    with router(servers, "cache_aware", "--balance-abs-threshold", "0", "--balance-rel-threshold", "1.0") as url:
         assert outputs(url, prompts) == alone
-        # Both documents' first questions at once: on a cache miss the router picks the less
-        # loaded server, so each document starts on its own server. NOTE: sglang-router 0.3
-        # breaks a tie of loads towards the first server, so the two must overlap in the router:
-        # 64 forced tokens each keep the first one running while the second is routed (one
-        # token each once let the first finish first on a busy 2-core machine: both on server 0)...
+        # Both documents' first questions at once, 64 forced tokens each so that they overlap in
+        # the router: the second goes to the server the first does not load, so each document
+        # starts on its own server...
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda doc: ask(url, doc + " Who?", max_new_tokens=64), docs))
         homes = []
