@@ -1,11 +1,15 @@
-"""Shared by the benchmarks: model paths, deterministic prompts, results on disk."""
+"""Shared by the benchmarks: model paths, deterministic prompts, results on disk, and a poller
+of a server's figures while a run is in flight."""
 
 from __future__ import annotations
 
 import json
+import math
 import platform
 import random
+import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +33,49 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2))
     return path
+
+
+class Poller:
+    """Reads `read()[key]` about every period_s seconds in a thread, from entering the `with` block
+    to leaving it (and never past limit_s), keeping every number it read in `seen` (a missing or
+    non-numeric value is skipped). Leaving the block waits for the read in progress."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]], key: str, period_s: float, limit_s: float = math.inf) -> None:
+        self.read, self.key, self.period_s, self.limit_s = read, key, period_s, limit_s
+        self.seen: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"poll-{key}", daemon=True)
+
+    def __enter__(self) -> Poller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.limit_s
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            start = time.monotonic()
+            value = self.read().get(self.key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.seen.append(value)
+            self._stop.wait(max(0.0, self.period_s - (time.monotonic() - start)))
+
+    @property
+    def peak(self) -> float | None:
+        return max(self.seen) if self.seen else None
+
+    @property
+    def samples(self) -> int:
+        return len(self.seen)
+
+    @property
+    def busy_mean(self) -> float:
+        """The mean of the nonzero readings (polls after the run ended read 0), 0.0 without any."""
+        busy = [v for v in self.seen if v > 0]
+        return statistics.mean(busy) if busy else 0.0
 
 
 def save_model_result(name: str, model: str, result: dict[str, Any], plot: Callable[[dict, Path], None]) -> None:

@@ -44,12 +44,11 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, ROOT, ensure_model, random_prompts, write_result
+from common import RESULTS, ROOT, Poller, ensure_model, random_prompts, write_result
 
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers import corpus_ids
@@ -69,29 +68,6 @@ def delta(before: dict, after: dict, keys: tuple[str, ...]) -> dict[str, int]:
 
 
 # -- 1. KV dtype capacity ------------------------------------------------------------------
-
-
-class PeakRunning:
-    """Polls get_server_info()["running"] from a thread while a run is in flight."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.peak, self.samples = engine, 0, 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self.stop.is_set():
-            self.peak = max(self.peak, self.engine.get_server_info()["running"])
-            self.samples += 1
-            self.stop.wait(POLL_S)
-
-    def __enter__(self) -> PeakRunning:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def kv_bytes_per_token(path: Path, dtype: str, kv_dtype: str) -> int:
@@ -126,7 +102,7 @@ def run_capacity(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
             engine.generate(input_ids=[list(range(3, 40))], sampling_params={"max_new_tokens": 4})  # warm-up
             before = engine.get_server_info()
             assert before["bytes_per_token"] == bpt, (kv, before["bytes_per_token"], bpt)
-            with PeakRunning(engine) as peak:
+            with Poller(engine.get_server_info, "running", POLL_S) as peak:
                 rounds = [run_round(engine, prompts, sampling) for _ in range(args.rounds)]
             after = engine.get_server_info()
         tok_s = sorted(n / wall for wall, n in rounds)

@@ -41,7 +41,7 @@ generate call per workload, the prefix cache flushed before it:
               sinks 4) alternately, --rounds times (output tokens/s: the median round).
               KV per request: ceil(seq / 16) pages for none, kv_retention_peak_pages for
               sink_window; "fit pool": how many such requests the pool holds at once;
-              concurrency: get_server_info()["running"] polled every 20 ms (kv_memory.PeakRunning),
+              concurrency: get_server_info()["running"] polled every 20 ms (common.Poller),
               the most and the mean over the polls while any ran; retractions and recomputed
               tokens: the counters' differences.
 4. past the  Prompt logprobs of a 6,144-token held-out text (three times the 2,048-token
@@ -90,11 +90,10 @@ import statistics
 import time
 from typing import Any
 
-from common import RESULTS, ROOT, random_prompts, write_result  # puts scripts/ on sys.path
+from common import RESULTS, ROOT, Poller, random_prompts, write_result  # puts scripts/ on sys.path
 
 import world  # noqa: I001 (scripts/world.py: the Vell Valley)
 
-from kv_memory import PeakRunning
 
 MODEL = ROOT / "assets" / "world-llama"
 PAGE = 16
@@ -325,36 +324,17 @@ def print_past_context(pc: dict) -> None:
 # -- memory and throughput at a fixed pool ------------------------------------------------------
 
 
-class Running(PeakRunning):
-    """kv_memory.PeakRunning that also keeps every sample of get_server_info()["running"]."""
-
-    def __init__(self, engine: Any) -> None:
-        super().__init__(engine)
-        self.seen: list[int] = []
-
-    def _loop(self) -> None:
-        while not self.stop.is_set():
-            self.seen.append(self.engine.get_server_info()["running"])
-            self.peak, self.samples = max(self.peak, self.seen[-1]), len(self.seen)
-            self.stop.wait(0.02)
-
-    @property
-    def mean(self) -> float:
-        busy = [n for n in self.seen if n > 0]  # the polls after the last request finished read 0
-        return statistics.mean(busy) if busy else 0.0
-
-
 def throughput_round(engine: Any, prompts: list[list[int]], sampling: dict, spec: dict | None) -> dict[str, Any]:
     """Every prompt submitted at once under spec: wall time, output tokens, concurrency, retractions."""
     before = engine.get_server_info()
-    with Running(engine) as running:
+    with Poller(engine.get_server_info, "running", 0.02) as running:
         start = time.perf_counter()
         outs = call(engine, prompts, sampling, spec)
         wall = time.perf_counter() - start
     after = engine.get_server_info()
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     return {"wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall, "max_running": running.peak,
-            "mean_running": running.mean, "polls": running.samples,
+            "mean_running": running.busy_mean, "polls": running.samples,
             **{k: after[k] - before[k] for k in ("retractions", "recomputed_tokens")}}
 
 

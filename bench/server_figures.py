@@ -18,9 +18,7 @@ A metric or key the server lacks (an older server) is None in the JSON and "-" i
 from __future__ import annotations
 
 import math
-import threading
-import time
-from typing import Any, Callable
+from typing import Any
 
 import requests
 
@@ -36,7 +34,7 @@ LATENCIES = {
 # get_server_info keys read once after the load.
 PEAK_KEYS = ("kv_peak_used_pages", "num_pages", "worker_rss_peak_bytes", "device_memory_peak_bytes",
              "memory_limit_bytes")
-POLL_S = 0.1  # the poller's period
+POLL_S = 0.1  # how often bench/serving.py polls get_server_info during a load
 NO_FIGURES = {"p50": None, "p95": None, "p99": None}
 
 
@@ -60,35 +58,6 @@ def server_info(url: str, timeout: float = 10) -> dict[str, Any]:
     except (requests.RequestException, ValueError):
         return {}
     return info if isinstance(info, dict) else {}
-
-
-class PeakPoller:
-    """Calls `read` about every POLL_S seconds in a thread, from entering the `with` block to
-    leaving it (and never past limit_s), and keeps the largest number it returned under `key` in
-    `peak` (None when no answer carried one). Leaving the block waits for the read in progress."""
-
-    def __init__(self, read: Callable[[], dict[str, Any]], key: str, limit_s: float) -> None:
-        self.read, self.key, self.limit_s = read, key, limit_s
-        self.peak: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"poll-{key}", daemon=True)
-
-    def __enter__(self) -> PeakPoller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        deadline = time.monotonic() + self.limit_s
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            start = time.monotonic()
-            value = number(self.read().get(self.key))
-            if value is not None:
-                self.peak = value if self.peak is None else max(self.peak, value)
-            self._stop.wait(max(0.0, POLL_S - (time.monotonic() - start)))
 
 
 # -- the figures -------------------------------------------------------------------------------

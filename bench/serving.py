@@ -80,8 +80,8 @@ from typing import Any
 
 import aiohttp
 import requests
-from common import ROOT, ensure_model, random_prompts, save_model_result
-from server_figures import PeakPoller, figures_table, ms, scrape, server_figures, server_info
+from common import ROOT, Poller, ensure_model, random_prompts, save_model_result
+from server_figures import POLL_S, figures_table, ms, scrape, server_figures, server_info
 
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers import corpus_ids  # noqa: E402
@@ -226,7 +226,7 @@ def run_load(url: str, load: Load, rate: float, seed: int, cap_s: float) -> dict
         requests.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 4}}, timeout=60)
     requests.post(f"{url}/flush_cache", timeout=60).raise_for_status()
     before, scrape_before = requests.get(f"{url}/get_server_info", timeout=60).json(), scrape(url)
-    with PeakPoller(lambda: server_info(url, timeout=2), "used_pages", limit_s=cap_s) as kv:
+    with Poller(lambda: server_info(url, timeout=2), "used_pages", POLL_S, limit_s=cap_s) as kv:
         records, cut = asyncio.run(send_load(url, load, rate, seed, cap_s))
     after, scrape_after = requests.get(f"{url}/get_server_info", timeout=60).json(), scrape(url)
     return {**summarize(records, cut, rate, before, after),

@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from radixrt.ops.prom import Scrape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from server_figures import LATENCIES, PeakPoller, figures_table, scrape, server_figures  # noqa: E402
+from common import Poller  # noqa: E402
+from server_figures import LATENCIES, figures_table, scrape, server_figures  # noqa: E402
 
 BUCKETS = (0.01, 0.1, 1, 10)
 INFO = {"kv_peak_used_pages": 40, "num_pages": 64, "worker_rss_peak_bytes": 300 * 2**20,
@@ -84,7 +85,7 @@ def test_poller_keeps_the_largest_and_stops_with_its_block():
         calls.append(time.monotonic())
         return next(seen, {"used_pages": 3})
 
-    with PeakPoller(read, "used_pages", limit_s=30) as poller:
+    with Poller(read, "used_pages", 0.1, limit_s=30) as poller:
         time.sleep(0.65)
     n = len(calls)
     assert 2 <= n <= 8  # about every 100 ms (fewer on a busy machine, never a tight loop)
@@ -95,7 +96,7 @@ def test_poller_keeps_the_largest_and_stops_with_its_block():
 
 def test_poller_stops_at_its_limit():
     calls = []
-    with PeakPoller(lambda: calls.append(1) or {}, "used_pages", limit_s=0.25) as poller:
+    with Poller(lambda: calls.append(1) or {}, "used_pages", 0.1, limit_s=0.25) as poller:
         poller._thread.join(timeout=10)  # it ends by itself, before the block does
         assert not poller._thread.is_alive()
     assert 1 <= len(calls) <= 4 and poller.peak is None

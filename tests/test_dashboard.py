@@ -19,8 +19,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-import pytest
 import requests
+import yaml  # PyYAML: a dependency of transformers (the srt extra)
 
 from radixrt.ops.prom import Scrape
 
@@ -130,7 +130,6 @@ def test_histograms_show_p50_p95_p99():
 
 
 def test_prometheus_example_scrapes_the_radixrt_job():
-    yaml = pytest.importorskip("yaml")
     config = yaml.safe_load(PROMETHEUS.read_text())
     job = next(j for j in config["scrape_configs"] if j["job_name"] == "radixrt")
     assert job["metrics_path"] == "/metrics" and job["scrape_interval"] == "5s"

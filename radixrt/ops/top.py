@@ -33,7 +33,6 @@ LATENCIES = {
     "queueing": "sglang:queue_time_seconds",
 }
 LENGTHS = {"prompt": "sglang:prompt_tokens_histogram", "generation": "sglang:generation_tokens_histogram"}
-RETRACTION_CAUSES = ("decode_growth", "admission", "long_rope")  # get_server_info's retractions_<cause>
 TOP_CAUSES = 3  # refusal and error causes shown, most frequent first
 LABEL_W, COL_W = 13, 9  # table widths: row label, each number column
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -66,7 +65,6 @@ SOURCES: dict[str, tuple[str | None, str | None]] = {
     "refused_no_memory": ("requests_refused_no_memory", "radixrt:requests_refused_no_memory_total"),
     **{k: (k, f"radixrt:{k}") for k in MEMORY + QUALITY_GAUGES},
     **{k: (k, f"radixrt:{k}_total") for k in QUALITY_COUNTERS},
-    **{f"retractions_{c}": (f"retractions_{c}", None) for c in RETRACTION_CAUSES},
 }
 
 
@@ -216,8 +214,7 @@ def memory(f: Figures) -> list[str]:
 
 
 def churn(f: Figures) -> list[str]:
-    by_cause = f.by_label("retractions_by_cause", "cause") or {
-        c: v for c in RETRACTION_CAUSES if (v := f.get(f"retractions_{c}")) is not None}
+    by_cause = f.by_label("retractions_by_cause", "cause")
     return section(
         "churn",
         f"retractions {num(f.get('retractions'))}{causes(by_cause)}   "

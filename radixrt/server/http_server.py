@@ -26,7 +26,7 @@ from fastapi.responses import Response
 from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
 from radixrt.frontend.tokenizer_manager import BackendDied
-from radixrt.server.http_common import ApiError, ServerContext, error_response
+from radixrt.server.http_common import ApiError, ServerContext, counted, error_response
 from radixrt.server.native_api import add_native_routes
 from radixrt.server.openai_api import add_openai_routes
 from radixrt.server.schemas import openapi_schemas
@@ -84,8 +84,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
 
 def _answer(ctx: ServerContext, err: ApiError) -> Response:
     """The error's answer, counted in /metrics by status and cause."""
-    ctx.metrics.count_error(err.status, err.cause)
-    return error_response(err)
+    return error_response(counted(ctx, err))
 
 
 def install_openapi(app: FastAPI) -> None:

@@ -17,7 +17,9 @@ import time
 import torch
 
 from radixrt.config import ServerArgs
-from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend, default_attention_backend
+from radixrt.kernels import (
+    AttentionBackend, AttentionMetadata, PagedKVCache, create_attention_backend, default_attention_backend
+)
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
 from radixrt.messages import (
     BatchEntry, BatchResult, EntryError, EntryLogprobs, ForwardBatch, KVMove, SpotCheck, SpotCheckResult, WeightsLoaded,
@@ -118,7 +120,7 @@ class ModelRunner:
         self.tiers = self._tier_store(args, rank)
         self.graphs = self._capture_decode_graphs(args)
         self.sampler = Sampler(slots, cfg.vocab_size, device)
-        self.spot = self._spot_checker(args, kv_heads) if args.quality_spot_check_rate > 0 else None
+        self.spot = self._spot_checker(args) if args.quality_spot_check_rate > 0 else None
         self.memory = MemoryFigures(device)
         logger.info("worker ready: %s on %s, %d pages of %d tokens", cfg.model_type, device, num_pages, args.page_size)
 
@@ -129,20 +131,23 @@ class ModelRunner:
         args, cfg = self.args, self.cfg
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
         prompts = calibration_prompts(tokenizer, args.kv_calibration_file)
-        layers, heads = cfg.attention_layers(), rank_heads(cfg, self.tp)[1]
-        make = lambda pool: create_attention_backend(self.backend_name, pool, heads, cfg.head_dim, layers)  # noqa: E731
-        return check_quantized_pool(self.model, self.attn, make, prompts, args.kv_scales_file, args.kv_quant_min_agreement)
+        return check_quantized_pool(self.model, self.attn, self._attention_over, prompts, args.kv_scales_file,
+                                    args.kv_quant_min_agreement)
 
-    def _spot_checker(self, args: ServerArgs, kv_heads: int) -> SpotChecker:
+    def _attention_over(self, pool: PagedKVCache) -> AttentionBackend:
+        """An attention backend of the serving one's kind over another pool (the quantized pool's
+        start-up check, the spot checks' reference)."""
+        return create_attention_backend(self.backend_name, pool, self.attn.num_heads, self.cfg.head_dim,
+                                        self.cfg.attention_layers())
+
+    def _spot_checker(self, args: ServerArgs) -> SpotChecker:
         """The quality spot checks' reference: a scratch pool in the model's dtype, one context long."""
-        cfg = self.cfg
+        layers, (_, _, kv_heads, head_dim) = len(self.cache.k), self.cache.k[0].shape  # the serving pool's
         pages = math.ceil(self.context_length / args.page_size)
-        pool = PagedKVCache(cfg.num_layers, pages, args.page_size, kv_heads, cfg.head_dim, self.dtype, self.device)
+        pool = PagedKVCache(layers, pages, args.page_size, kv_heads, head_dim, self.dtype, self.device)
         logger.info("quality spot checks: a %s reference pool of %d pages (%.1f MiB)", self.dtype, pages,
                     sum(b.nbytes for b in pool.buffers) / 2**20)
-        attn = create_attention_backend(self.backend_name, pool, rank_heads(cfg, self.tp)[1], cfg.head_dim,
-                                        cfg.attention_layers())
-        return SpotChecker(self.model, attn, min(args.prefill_chunk, SPOT_CHECK_CHUNK))
+        return SpotChecker(self.model, self._attention_over(pool), min(args.prefill_chunk, SPOT_CHECK_CHUNK))
 
     def spot_check(self, msg: SpotCheck) -> SpotCheckResult:
         """One chunk of a quality spot check (every rank runs it; rank 0's answer counts)."""
