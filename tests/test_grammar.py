@@ -74,3 +74,45 @@ def test_mask_disallowed_keeps_exactly_the_allowed_ids():
         finite = torch.isfinite(logits[row]).nonzero().view(-1).tolist()
         assert finite == ids and torch.equal(logits[row, ids], before[row, ids])
     assert torch.equal(logits[1], before[1])  # an unconstrained row is untouched
+
+
+# Grammars whose forced text xgrammar's own (unbounded) walk finds quickly: ours must agree.
+FINITE_FORCED = [
+    ("ebnf", 'root ::= "{\\"name\\": \\"" [a-z]+ "\\"}"'),
+    ("regex", "a{40}(b|c)"),
+    ("regex", "(hello world|help)"),
+    ("regex", "é{3}x"),  # multi-byte characters, forced whole
+    ("regex", "(é|è)"),  # a shared first byte only: no whole character is forced
+    ("json_schema", json.dumps({"type": "object", "properties": {"alpha": {"type": "integer"}}, "required": ["alpha"]})),
+]
+
+
+@pytest.mark.parametrize("kind,text", FINITE_FORCED)
+def test_forced_text_equals_xgrammars_walk_and_stops_at_its_limit(tok, kind, text):
+    c = GrammarCompiler(tok, len(tok), [tok.eos_token_id], any_whitespace=False)
+    m = c.matcher(c.compile(kind, text))
+    want = m._matcher.find_jump_forward_string()
+    assert m.forced_text(10_000) == (want, False)
+    for limit in range(1, len(want.encode()) + 1):
+        got, cut = m.forced_text(limit)
+        assert cut and want.startswith(got) and len(want.encode()[:limit].decode("utf-8", "ignore")) == len(got)
+    ids = tok.encode("{", add_special_tokens=False) if kind != "regex" else []
+    if all(m.accept(t) for t in ids):  # a step in: the rest is forced from there, the matcher unmoved by the walks
+        assert m.forced_text(10_000).text == m._matcher.find_jump_forward_string()
+
+
+def test_an_endless_forced_text_is_walked_only_to_the_limit(tok):
+    """xgrammar's own walk never returns on `root ::= "a" root` (its memory grows until the process
+    dies); a bounded walk returns `limit` bytes at once."""
+    c = GrammarCompiler(tok, len(tok), [tok.eos_token_id])
+    for kind, text in (("ebnf", 'root ::= "a" root'), ("regex", "a{10000000}")):
+        m = c.matcher(c.compile(kind, text))
+        assert m.forced_text(300) == ("a" * 300, True)
+
+
+def test_a_grammar_that_accepts_no_string_is_refused(tok):
+    c = GrammarCompiler(tok, len(tok), [tok.eos_token_id])
+    with pytest.raises(RequestError, match="sampling_params.ebnf accepts no string") as e:
+        c.compile("ebnf", "root ::= root")
+    assert e.value.param == "ebnf"
+    assert not c.matcher(c.compile("regex", "a?")).dead_end  # the empty string is a string

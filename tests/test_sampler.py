@@ -389,3 +389,29 @@ def test_sample_isolated_fails_only_the_bad_rows_and_records_the_good_ones_once(
     assert len({ids[1] for ids in want}) > 1, "the penalty should have moved the greedy row"
     clean = sampler_with_good_rows().sample_isolated(logits[[0, 2]], [0, 2])
     assert clean.errors == {} and clean.ids == want[0]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0, top_p=1e-320),  # 0 in float32
+    SamplingParams(temperature=1.0, top_p=1e-40, top_k=5),
+    SamplingParams(temperature=1.0, min_p=1.0),
+    SamplingParams(temperature=1.0, repetition_penalty=1e-38),  # logit / 1e-38 overflows float32
+    SamplingParams(temperature=0.0, repetition_penalty=1e-320),
+    SamplingParams(temperature=1.0, repetition_penalty=1e-320, top_p=1e-320),
+])
+def test_degenerate_filters_and_penalties_keep_the_most_likely_token(params) -> None:
+    """Whatever top_p, min_p or penalties are, the draw is the most likely token of the processed
+    distribution, never token 0 from an all-zero or NaN row."""
+    torch.manual_seed(11)
+    vocab, prompt = 50, [7, 9, 30]
+    logits = torch.randn(3, vocab)
+    logits[:, 0] = -5.0  # token 0 is never the answer
+    logits[:, 12] = 6.0  # the most likely token without penalties
+    logits[:, 30] = 4.0  # with a repetition penalty near 0: the largest positive logit in the prompt
+    logits[:, 9] = 3.0
+    sampler = Sampler(3, vocab, CPU)
+    for slot in range(3):
+        sampler.add(slot, params, prompt, [])
+    expected = 30 if params.has_penalties else 12
+    assert sampler.sample(logits, [0, 1, 2]).tolist() == [expected] * 3
+    assert torch.isfinite(sampler.processed_logits(logits[:1], [0])).any()

@@ -13,6 +13,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Iterable
 
+from radixrt.constrained.forced_text import Forced, ForcedBytes
 from radixrt.errors import RequestError
 
 KINDS = ("regex", "json_schema", "ebnf")  # the sampling_params fields that carry a grammar
@@ -33,6 +34,7 @@ class GrammarCompiler:
         # to nothing), so every mask is ANDed with the ids the tokenizer has.
         self._real_words = _words(range(min(len(tokenizer), vocab_size)), vocab_size)
         self._stop_words = _words(stop_ids, vocab_size)
+        self._forced = ForcedBytes(info.decoded_vocab, vocab_size, stop_ids)
         self._xgr = xgr
         self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
         self.any_whitespace = any_whitespace
@@ -40,13 +42,16 @@ class GrammarCompiler:
         self._lock = threading.Lock()
 
     def compile(self, kind: str, text: str) -> Any:
-        """The compiled grammar; raises RequestError (naming the field, with xgrammar's reason)."""
+        """The compiled grammar; raises RequestError (naming the field, with xgrammar's reason, or
+        saying that it accepts no string)."""
         key = (kind, text)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
         compiled = self._compile(kind, text)
+        if self.matcher(compiled).dead_end:
+            raise RequestError(f"sampling_params.{kind} accepts no string: no token can start its output", kind)
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > CACHE_SIZE:
@@ -66,18 +71,21 @@ class GrammarCompiler:
         raise ValueError(f"unknown grammar kind {kind!r}")
 
     def matcher(self, compiled: Any) -> Matcher:
-        return Matcher(self._xgr, compiled, self._real_words, self._stop_words)
+        return Matcher(self._xgr, compiled, self._real_words, self._stop_words, self._forced)
 
 
 class Matcher:
     """One request's position in its grammar: advanced by each token it accepts."""
 
-    def __init__(self, xgr: Any, compiled: Any, real_words: Any, stop_words: Any) -> None:
+    def __init__(self, xgr: Any, compiled: Any, real_words: Any, stop_words: Any, forced: ForcedBytes) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
+        self._forced = forced
         self._bitmask = real_words.clone()  # [1, ceil(vocab / 32)] int32, xgrammar's layout
         self._real_words = real_words  # the bits of the ids the tokenizer has
         self._not_stop = ~stop_words  # the bits of every id but the stop ids
         self._allowed: bytes | None = None  # the current position's mask, once computed
+        self._probe_bitmask: Any = None  # scratch for forced_text's forks, made on first use
+        self._probe_words: Any = None  # the same memory as a numpy [words] uint32 array
 
     def accept(self, token: int) -> bool:
         """Advance by token; False (and no change) if the grammar does not allow it."""
@@ -98,9 +106,38 @@ class Matcher:
         if n:
             self._matcher.rollback(n)
 
-    def forced_text(self) -> str:
-        """The longest text the grammar allows as the only continuation from here ("" if none)."""
-        return self._matcher.find_jump_forward_string()
+    def forced_text(self, limit: int) -> Forced:
+        """At most `limit` bytes of the text the grammar allows as the only continuation from
+        here ("" if none), as whole characters; computed incrementally (forced_text.py)."""
+        if self._matcher.is_terminated():
+            return Forced("", cut=False)
+        return self._forced.forced_text(self._matcher, self._packed(self.allowed()), self._fill, limit)
+
+    def _fill(self, probe: Any) -> Any:
+        """The packed mask at a forked matcher's position, a view of a scratch bitmask of our own.
+        Not ANDed with the real ids: a padding id allowed means any text may follow, and padding
+        ids have no first byte, so ForcedBytes forces nothing there either way."""
+        if self._probe_bitmask is None:
+            self._probe_bitmask = self._real_words.clone()
+            self._probe_words = self._probe_bitmask.numpy().view("uint32")[0]  # [words], shares memory
+        probe.fill_next_token_bitmask(self._probe_bitmask)
+        return self._probe_words
+
+    @staticmethod
+    def _packed(mask: bytes) -> Any:
+        import numpy
+
+        return numpy.frombuffer(mask, dtype=numpy.uint32)
+
+    @property
+    def longest_token(self) -> int:
+        """Bytes in the vocabulary's longest token: n tokens never hold more than n times this."""
+        return self._forced.longest
+
+    @property
+    def dead_end(self) -> bool:
+        """Nothing can follow and the grammar is not complete: it accepts no string from here."""
+        return not self._matcher.is_completed() and not self.allowed().strip(b"\0")
 
     @property
     def terminated(self) -> bool:

@@ -15,6 +15,10 @@ from typing import Any
 from radixrt.scheduler.req import Req
 
 RETOKENIZE_WINDOW = 8  # generated tokens retokenized with the forced text
+# Forced bytes found per step at most (the rest comes at the next step). Each costs a fork's
+# accept and a mask fill, a few microseconds on a small grammar; a JSON key and its `": "` are
+# far shorter, and a long forced text still moves this many bytes per step.
+MAX_FORCED_BYTES = 256
 
 
 def can_jump(r: Req) -> bool:
@@ -28,15 +32,24 @@ def can_jump(r: Req) -> bool:
 
 def jump(r: Req, tokenizer: Any) -> list[int]:
     """Append to r the tokens its grammar forces next (at most its remaining budget), accepted by
-    its matcher; returns them ([] when nothing is forced)."""
-    text = r.grammar.forced_text()
-    if not text or r.remaining_tokens == 0:
+    its matcher; returns them ([] when nothing is forced). The forced text is looked for only as
+    far as the budget could hold, and never past MAX_FORCED_BYTES: a grammar whose forced text is
+    endless (`root ::= "a" root`) costs one bounded walk per step."""
+    if r.remaining_tokens == 0:
+        return []
+    text, cut = r.grammar.forced_text(min(MAX_FORCED_BYTES, r.remaining_tokens * r.grammar.longest_token))
+    if not text:
         return []
     old = r.output_ids[-RETOKENIZE_WINDOW:]  # merges are local: the tail is enough, and keeps this O(1)
     new = tokenizer.encode(tokenizer.decode(old) + text, add_special_tokens=False)
     if len(new) <= len(old) or new[: len(old)] != old:
         return []
-    forced = new[len(old) :][: r.remaining_tokens]
+    forced = new[len(old) :]
+    if cut and len(forced) < r.remaining_tokens:
+        # The text goes on past the walk: its last token might merge with what follows, so it
+        # waits for the next step, which sees the rest (the tokens stay the tokenizer's own).
+        forced = forced[:-1]
+    forced = forced[: r.remaining_tokens]
     for k, t in enumerate(forced):
         if not r.grammar.accept(t):  # the retokenized text strays from the grammar: take none of it
             r.grammar.rollback(k)

@@ -25,6 +25,11 @@ import torch
 from radixrt.sampling_params import SamplingParams
 
 MASK64 = (1 << 64) - 1
+# A repetition penalty is a divisor: below this one a logit / penalty overflows even float64.
+MIN_REPETITION = 1e-300
+# Penalized logits larger than this (a repetition penalty near 0 divides by it) are shifted down
+# by their row's max, which changes no probability: past it a temperature divide could overflow.
+PENALIZED_LOGIT_CAP = 1e4
 logger = logging.getLogger(__name__)
 
 
@@ -68,8 +73,9 @@ class Sampler:
         # filters: [max_slots, 4] float32, columns (temperature, top_p, top_k, min_p).
         # "Off" is stored as a value that filters nothing: top_p inf, top_k vocab_size, min_p 0.
         self.filters = torch.zeros(max_slots, 4, dtype=torch.float32, device=device)
-        # penalties: [max_slots, 3] float32, columns (repetition, frequency, presence).
-        self.penalties = torch.zeros(max_slots, 3, dtype=torch.float32, device=device)
+        # penalties: [max_slots, 3] float64, columns (repetition, frequency, presence): float64 so that
+        # a repetition penalty of 1e-320, which SGLang's range admits, is not 0.
+        self.penalties = torch.zeros(max_slots, 3, dtype=torch.float64, device=device)
         # Allocated on the first penalized slot; rows are valid only for penalized slots.
         self.counts: torch.Tensor | None = None  # [max_slots, vocab] int32, output-token counts
         self.in_prompt: torch.Tensor | None = None  # [max_slots, vocab] bool, token occurs in the prompt
@@ -237,7 +243,9 @@ class Sampler:
             self.counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
             self.in_prompt = torch.zeros(shape, dtype=torch.bool, device=self.device)
         assert self.in_prompt is not None
-        self.penalties[slot] = torch.tensor([params.repetition_penalty, params.frequency_penalty, params.presence_penalty])
+        self.penalties[slot] = torch.tensor(
+            [params.repetition_penalty, params.frequency_penalty, params.presence_penalty], dtype=torch.float64
+        )
         self.counts[slot].zero_()
         self.in_prompt[slot].zero_()
         if prompt_ids:
@@ -260,12 +268,20 @@ def apply_penalties(
 
     repetition (Hugging Face): for ids in the prompt or the output, logit / p if logit > 0 else logit * p.
     frequency and presence (OpenAI), over output ids: logit -= frequency * count + presence * (count > 0).
+
+    Computed in float64 and returned in logits' dtype. A row whose largest result passes
+    PENALIZED_LOGIT_CAP (p near 0) is shifted by that largest value first: its probabilities and its
+    most likely token stay, where the plain division would give inf (then NaN, and token 0).
     """
+    x = logits.double()  # [R, V]
     in_output = counts > 0  # [R, V]
-    rep = repetition[:, None]
-    repeated = torch.where(logits > 0, logits / rep, logits * rep)
-    logits = torch.where(in_prompt | in_output, repeated, logits)
-    return logits - frequency[:, None] * counts.to(logits.dtype) - presence[:, None] * in_output.to(logits.dtype)
+    rep = repetition.double().clamp_min(MIN_REPETITION)[:, None]
+    repeated = torch.where(x > 0, x / rep, x * rep)
+    x = torch.where(in_prompt | in_output, repeated, x)
+    x = x - frequency.double()[:, None] * counts.double() - presence.double()[:, None] * in_output.double()
+    top = x.amax(dim=-1, keepdim=True)  # [R, 1]
+    x = torch.where(top > PENALIZED_LOGIT_CAP, x - top, x)
+    return x.to(logits.dtype)
 
 
 def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -278,8 +294,10 @@ def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     ranks = torch.arange(probs.shape[-1], device=probs.device)  # [V]
     sorted_probs = sorted_probs.masked_fill(ranks >= top_k[:, None], 0.0)
     before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [R, V] mass of the better ids
-    # Keep an id while the better ids hold less than top_p of the mass top_k kept.
+    # Keep an id while the better ids hold less than top_p of the mass top_k kept; the top id
+    # always (a top_p that is 0 in float32, like 1e-320, would otherwise keep nothing).
     outside = before >= top_p[:, None] * sorted_probs.sum(dim=-1, keepdim=True)
+    outside[:, 0] = False
     sorted_probs = sorted_probs.masked_fill(outside, 0.0)
     return torch.zeros_like(probs).scatter_(1, order, sorted_probs)
 
