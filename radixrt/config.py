@@ -143,6 +143,9 @@ class ServerArgs:
     hicache_size: float = _arg(0.0, "host tier size in GB (0: use hicache_ratio)")
     hicache_dir: str | None = _arg(None, "directory of the disk tier (pages spilled from host memory; kept across restarts)")
     hicache_disk_size: float = _arg(16.0, "disk tier size in GB")
+    hicache_disk_max_errors: int = _arg(
+        8, "disk tier I/O errors in a row after which the disk tier turns itself off (its pages are then recomputed)"
+    )
     preemption_mode: str = _arg(
         "recompute", "a retracted request's KV: recompute it, swap it to host memory, or auto (swap long ones)"
     )
@@ -256,6 +259,8 @@ class ServerArgs:
             raise ValueError("hicache_dir is the disk tier of the hierarchical cache: add enable_hierarchical_cache")
         if self.hicache_dir is not None and self.hicache_disk_size <= 0:
             raise ValueError(f"hicache_disk_size must be > 0 with hicache_dir, got {self.hicache_disk_size}")
+        if self.hicache_disk_max_errors < 1:
+            raise ValueError(f"hicache_disk_max_errors must be >= 1, got {self.hicache_disk_max_errors}")
         if self.swap_min_tokens < 0:
             raise ValueError(f"swap_min_tokens must be >= 0, got {self.swap_min_tokens}")
         self._check_retention()

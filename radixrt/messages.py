@@ -272,6 +272,16 @@ class WorkerMemory(msgspec.Struct, array_like=True):
     limit: int = 0  # the OOM line: the GPU's memory on CUDA, the host's (or its cgroup's) on CPU
 
 
+class DiskFaults(msgspec.Struct, array_like=True):
+    """What the disk tier failed to do since the last result, agreed over the ranks (a failure on
+    any rank is everyone's). The disk tier is a cache: its failures cost recomputation, never a request."""
+
+    lost_keys: list[str] = []  # pages whose write or read failed: no longer on disk
+    lost_pages: list[int] = []  # device pages a failed read left without their KV: recompute what reads them
+    errors: int = 0  # file operations that failed
+    disabled: bool = False  # it failed hicache_disk_max_errors times in a row and is off now
+
+
 class BatchResult(msgspec.Struct, tag=True):
     step: int
     next_ids: list[int]  # one per entry with sample=True and no error, in entry order
@@ -282,6 +292,7 @@ class BatchResult(msgspec.Struct, tag=True):
     # on each page of its page table, summed over heads, layers and ranks
     page_mass: list[list[float]] = []
     memory: WorkerMemory | None = None  # at most once a second
+    disk: DiskFaults | None = None  # None: the disk tier had no failure since the last result
 
 
 class SpotCheckResult(msgspec.Struct, tag=True):

@@ -34,6 +34,9 @@ class NoPrefixCache:
     def evict(self, num_pages: int, sink: Callable[[Node], None] | None = None) -> list[int]:
         return []
 
+    def forget(self, pages: set[int]) -> list[int]:
+        return []
+
     def reset(self) -> list[int]:
         return []
 

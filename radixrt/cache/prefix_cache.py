@@ -104,6 +104,12 @@ class PrefixCache(Protocol):
         sink, if given, sees each leaf before it leaves (to keep its KV in a lower tier)."""
         ...
 
+    def forget(self, pages: set[int]) -> list[int]:
+        """Remove the given pages (their KV turned out to be lost: a failed load), with every page
+        after them in their sequences; returns the pages removed, for the caller to free. A locked
+        node among them is a bug (AssertionError): release whatever reads them first."""
+        ...
+
     def reset(self) -> list[int]:
         """Forget everything; returns every page held. Raises RuntimeError while a lock is held."""
         ...

@@ -215,6 +215,31 @@ class RadixCache:
             self._leaves.add(parent)
         return leaf.pages
 
+    def forget(self, pages: set[int]) -> list[int]:
+        """Remove pages whose KV was lost, and every page cached after them (no match can reach
+        those any more); returns the pages removed (see PrefixCache.forget)."""
+        found: list[tuple[Node, int]] = []  # the topmost nodes holding a lost page, and where in them
+        stack = list(self.roots.values())
+        while stack:
+            for child in stack.pop().children.values():
+                k = next((i for i, p in enumerate(child.pages) if p in pages), None)
+                if k is None:
+                    stack.append(child)
+                else:
+                    found.append((child, k))
+        removed: list[int] = []
+        for node, k in found:
+            if k > 0:
+                self._split(node, k)  # node keeps its pages from the lost one on
+            below, order = [node], []
+            while below:  # parents before children; removed in reverse, leaves first
+                n = below.pop()
+                order.append(n)
+                below += n.children.values()
+            for n in reversed(order):
+                removed += self._remove_leaf(n)
+        return removed
+
     def reset(self) -> list[int]:
         """Empty the tree; returns every page it held. Refuses while any node is locked."""
         if self.evictable_pages != self.total_pages:

@@ -232,6 +232,12 @@ class KVMemory:
         self.tiers.persist(device)
         return self.take_moves()
 
+    def forget(self, pages: set[int]) -> None:
+        """Device pages a failed disk load left without their KV leave the cache, with every page
+        cached after them. Release the requests that read them first (a pinned one is a bug)."""
+        if pages:
+            self.allocator.free(self.cache.forget(pages))
+
     def take_copies(self) -> tuple[list[int], list[int]]:
         out = (self.copy_src, self.copy_dst)
         self.copy_src, self.copy_dst = [], []

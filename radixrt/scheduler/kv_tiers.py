@@ -9,6 +9,8 @@ disk tier below it likewise. The flow, as in a CPU cache hierarchy:
                          load(): copy them into fresh device pages (host keeps its copy)
   swap_out / swap_in  -> a retracted request's pages to reserved host slots and back
   persist             -> at shutdown, everything not yet on disk is written there
+  disk_failed         -> the worker could not write or read some page files: they leave
+                         the disk index (a miss, recomputed); a failing disk tier turns off
 
 Each decision appends a KVMove; the worker runs them in the same order before the
 next forward, so ordering hazards (a host slot spilled, then reused) resolve as
@@ -17,10 +19,14 @@ they do here. Plain Python; the worker owns the bytes (radixrt/worker/kv_tiers.p
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from pathlib import Path
 
 from radixrt.cache.tier_index import TierIndex
-from radixrt.messages import KVMove, MoveKind, disk_page_key, disk_page_name
+from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_key, disk_page_name
+
+logger = logging.getLogger(__name__)
 
 
 class KVTiers:
@@ -32,31 +38,46 @@ class KVTiers:
         self.moves: list[KVMove] = []
         self._unwritten: set[str] = set()  # disk keys whose write is among the moves not yet taken
         self.counters = {f"pages_{k.value}": 0 for k in MoveKind}
-        self.counters.update(host_hit_pages=0, disk_hit_pages=0)
+        self.counters.update(host_hit_pages=0, disk_hit_pages=0, disk_tier_errors=0)
         if self.disk is not None:
             self._adopt_disk(Path(disk_dir))
 
     def _adopt_disk(self, d: Path) -> None:
         """Pages a previous run left on disk, oldest first; beyond capacity they are dropped."""
-        files = sorted(d.glob(disk_page_name("*")), key=lambda f: f.stat().st_mtime)  # rank 0's stand for all
-        for f in files:
+        for f in _page_files(d):
             key = disk_page_key(f.name)
             slot = self.disk.take_free()
             if slot is None:
                 old, slot = self.disk.pop_lru()
                 self._emit(MoveKind.DROP, keys=[old])
             self.disk.put(key, slot)
-        for tmp in d.glob("*.tmp*"):  # a write cut short by a crash
-            tmp.unlink(missing_ok=True)
 
     def switch_disk(self, disk_dir: str, disk_pages: int) -> None:
         """New weights: the disk tier is now the directory of their fingerprint, with the pages a
-        previous run under those weights left there. The old directory is not touched (moves
-        written to it were taken before the switch)."""
+        previous run under those weights left there ("": the workers have no disk tier now). The
+        old directory is not touched (moves written to it were taken before the switch)."""
         assert not self.moves, "moves for the old disk directory are still pending"
+        if not disk_dir:
+            self.disk = self.disk_dir = None
+            return
         self.disk = TierIndex(disk_pages)
         self.disk_dir = Path(disk_dir)
         self._adopt_disk(self.disk_dir)
+
+    def disk_failed(self, faults: DiskFaults) -> None:
+        """The workers could not write or read these pages' files (or the tier is off now): they
+        are no longer on disk. Whatever file is left of them goes (on every rank)."""
+        self.counters["disk_tier_errors"] += faults.errors
+        if self.disk is None:
+            return
+        if faults.disabled:
+            self.disk = self.disk_dir = None  # the worker logged why
+            return
+        lost = [key for key in dict.fromkeys(faults.lost_keys) if key in self.disk]
+        for key in lost:
+            self.disk.discard(key)
+        if lost:
+            self._emit(MoveKind.DROP, keys=lost)
 
     def take_moves(self) -> list[KVMove]:
         out, self.moves = self.moves, []
@@ -127,7 +148,7 @@ class KVTiers:
         removed behind our back leaves the index, and its tokens are recomputed."""
         if self.disk is None or key not in self.disk:
             return False
-        if key in self._unwritten or (self.disk_dir / disk_page_name(key)).exists():
+        if key in self._unwritten or _exists(self.disk_dir / disk_page_name(key)):
             return True
         self.disk.discard(key)
         return False
@@ -185,5 +206,29 @@ class KVTiers:
             "host_swap_pages": self.host.capacity - self.host.num_free - len(self.host),
             "disk_pages": self.disk.capacity if self.disk is not None else 0,
             "disk_cached_pages": len(self.disk) if self.disk is not None else 0,
+            "disk_tier_enabled": int(self.disk is not None),
             **self.counters,
         }
+
+
+def _page_files(d: Path) -> list[Path]:
+    """Rank 0's page files in d (they stand for all ranks'), oldest first, after removing the
+    temporary files of writes a crash cut short. A directory that cannot be read holds none."""
+    found: list[tuple[float, Path]] = []
+    try:
+        for f in d.glob(disk_page_name("*")):
+            with contextlib.suppress(FileNotFoundError):  # removed while listed
+                found.append((f.stat().st_mtime, f))
+        for tmp in d.glob("*.tmp*"):
+            tmp.unlink(missing_ok=True)
+    except OSError as e:
+        logger.warning("cannot read the disk KV tier's directory %s: %s", d, e)
+    return [f for _, f in sorted(found)]
+
+
+def _exists(path: Path) -> bool:
+    """Whether path is there; one that cannot be looked at (permissions, I/O) is not."""
+    try:
+        return path.exists()
+    except OSError:
+        return False

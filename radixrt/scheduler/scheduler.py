@@ -23,6 +23,7 @@ from radixrt.errors import RequestError, from_validation
 from radixrt.messages import (
     BatchEntry,
     BatchResult,
+    DiskFaults,
     EntryLogprobs,
     FinishReason,
     ForwardBatch,
@@ -271,7 +272,7 @@ class Scheduler:
         assert upd is not None, "WeightsLoaded without a pending update"
         if loaded.success:
             self.mem.flush()
-            if self.mem.tiers is not None and loaded.disk_dir:
+            if self.mem.tiers is not None and self.mem.tiers.disk is not None:  # "": the tier turned off
                 self.mem.tiers.switch_disk(loaded.disk_dir, loaded.disk_pages)
             self.counters["weight_updates"] += 1
         else:
@@ -426,8 +427,13 @@ class Scheduler:
         self.tier_move_seconds += batch.move_seconds
         self.figures.note_memory(batch.memory)
         failed = {e.entry: e.message for e in batch.errors}
+        lost = self._recompute_lost(batch.disk)  # entry -> whether it sampled; first, before anything is cached
         ids = iter(batch.next_ids)  # failed entries have none
         for i, (r, n) in enumerate(self.inflight):
+            if i in lost:  # its step read KV a disk load could not provide: thrown away, r runs again
+                if lost[i] and i not in failed:
+                    next(ids)
+                continue
             if i in failed:
                 # Its KV of this step is not trusted: kv_len stays, so release() caches only the
                 # KV of earlier steps and frees the pages this step allocated.
@@ -455,6 +461,26 @@ class Scheduler:
             elif n > 1:
                 self.mem.cache_progress(r)  # a prefill chunk: share its full pages now
         self.inflight = []
+
+    def _recompute_lost(self, faults: DiskFaults | None) -> dict[int, bool]:
+        """The disk tier's failures in this step's moves: their pages leave its index, and a running
+        request whose page table holds a page a failed read left without KV gives its pages back
+        and runs its sequence again (a cache miss: same tokens, more compute); the pages leave the
+        prefix cache. Returns its in-flight entries, each with whether the worker sampled for it."""
+        if faults is None or self.mem.tiers is None:
+            return {}
+        self.mem.tiers.disk_failed(faults)
+        pages = set(faults.lost_pages)
+        lost = [r for r in self.running if pages.intersection(r.kv.pages)]
+        entries = {i: r.kv_len + n == r.seq_len and r.sampling.max_new_tokens > 0
+                   for i, (r, n) in enumerate(self.inflight) if r in lost}
+        if lost:
+            logger.warning("recomputing %d requests: the disk KV tier could not load %d of their pages",
+                           len(lost), len(pages))
+        for r in lost:
+            self._requeue_to_recompute(r)
+        self.mem.forget(pages)
+        return entries
 
     def _advance(self, r: Req, lp: EntryLogprobs | None, next_id: int | None) -> ReqOutput | None:
         """r after a step that ran (next_id: its sampled token, if any): its output, finish, logprobs."""

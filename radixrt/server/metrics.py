@@ -75,6 +75,10 @@ SCHEDULER_FIGURES = {
     "disk_cached_pages": ("radixrt:disk_cached_pages", "disk tier pages holding cached KV"),
     "host_hit_pages": ("radixrt:host_hit_pages_total", "pages loaded back from the host tier instead of recomputed"),
     "disk_hit_pages": ("radixrt:disk_hit_pages_total", "pages loaded back from the disk tier instead of recomputed"),
+    "disk_tier_errors": ("radixrt:disk_tier_errors_total", "disk tier page file operations that failed (the pages "
+                         "were recomputed instead)"),
+    "disk_tier_enabled": ("radixrt:disk_tier_enabled", "1 while the disk tier is in use; 0 without one, or after "
+                          "hicache_disk_max_errors failures in a row turned it off"),
     "pages_d2h": ("radixrt:pages_device_to_host_total", "pages copied from the device pool to host memory"),
     "pages_h2d": ("radixrt:pages_host_to_device_total", "pages copied from host memory to the device pool"),
     "pages_h2disk": ("radixrt:pages_host_to_disk_total", "pages written from host memory to disk"),

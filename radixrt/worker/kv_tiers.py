@@ -10,8 +10,8 @@ values, and int8's scales), so quantized pages stay quantized in every tier.
 Disk files are `<key>.r<rank>.kv` (radixrt.messages.disk_page_name: each
 tensor-parallel rank holds its own KV heads) under a directory named by the
 fingerprint of the weights, dtypes, page size and tp size: a different model
-never reads them. Writes go to a temporary name and are renamed into place, so
-a crash never leaves a half page readable.
+never reads them. The files themselves, and what their I/O errors come to (a lost
+page, never a dead worker), are radixrt/worker/disk_tier.py's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import torch
 
 from radixrt.config import ServerArgs
 from radixrt.kernels import PagedKVCache
-from radixrt.messages import DISK_PAGE_GLOB, KVMove, MoveKind, disk_page_name
+from radixrt.messages import DISK_PAGE_GLOB, DiskFaults, KVMove, MoveKind
+from radixrt.worker.disk_tier import DiskTier, PageFiles
 from radixrt.worker.kv_pool import available_host_bytes
 
 logger = logging.getLogger(__name__)
@@ -58,11 +59,11 @@ def weights_fingerprint(
     try:
         memo_path.parent.mkdir(parents=True, exist_ok=True)
         memo = json.loads(memo_path.read_text()) if memo_path.exists() else {}
-    except OSError as e:
-        if args.hicache_dir is not None:
-            raise ValueError(f"hicache_dir {args.hicache_dir!r} is not writable: {e.strerror or e}") from None
+    except OSError as e:  # a broken hicache_dir fails at start in prepare_disk_dir; after it, the disk tier turns off
         logger.warning("cannot keep weight digests in %s (%s): every start rehashes the weights", memo_path.parent, e)
         memo_path, memo = None, {}
+    except ValueError:  # a digests file cut short or garbled: rewritten below
+        memo = {}
     h = hashlib.sha256((root / "config.json").read_bytes())
     for f in sorted(root.glob("*.safetensors")):
         st = f.stat()
@@ -135,18 +136,20 @@ def prepare_disk_dir(args: ServerArgs, fingerprint: str, page_bytes: int) -> tup
 class KVTierStore:
     """Host pages mirroring the device pool's buffers, a disk directory, and the copies."""
 
-    def __init__(self, cache: PagedKVCache, host_pages: int, disk_dir: Path | None, disk_pages: int, rank: int) -> None:
+    def __init__(self, cache: PagedKVCache, host_pages: int, disk_dir: Path | None, disk_pages: int, rank: int,
+                 max_disk_errors: int = 8, files: PageFiles | None = None) -> None:
         self.cache = cache
-        self.host_pages, self.disk_pages = host_pages, disk_pages
+        self.host_pages = host_pages
         self.device = cache.k[0].device
         pin = self.device.type == "cuda"
         # host[i]: [host_pages, *cache.buffers[i].shape[1:]], same dtype (quantized pages stay quantized)
         self.host = [
             torch.empty((host_pages, *b.shape[1:]), dtype=b.dtype, pin_memory=pin) for b in cache.buffers
         ]
-        self.disk_dir = disk_dir
-        self.rank = rank
         self._page_bytes = [math.prod(b.shape[1:]) * b.element_size() for b in cache.buffers]
+        self.disk: DiskTier | None = None
+        if disk_dir is not None:
+            self.disk = DiskTier(disk_dir, disk_pages, rank, sum(self._page_bytes), max_disk_errors, files)
         self.seconds = 0.0  # spent moving since the last take_seconds()
         self._handlers: dict[MoveKind, Callable[[KVMove], None]] = {
             MoveKind.D2H: self._d2h,
@@ -159,8 +162,13 @@ class KVTierStore:
         assert self._handlers.keys() == set(MoveKind), "every MoveKind needs a handler"
 
     def describe(self) -> dict[str, int | str]:
-        """The tiers' sizes, for the scheduler (WorkerReady fields)."""
-        return {"host_pages": self.host_pages, "disk_dir": str(self.disk_dir or ""), "disk_pages": self.disk_pages}
+        """The tiers' sizes, for the scheduler (WorkerReady fields); a disk tier that is off is none."""
+        on = self.disk is not None and self.disk.enabled
+        return {"host_pages": self.host_pages, "disk_dir": str(self.disk.dir) if on else "",
+                "disk_pages": self.disk.capacity if on else 0}
+
+    def take_faults(self) -> DiskFaults | None:
+        return self.disk.take_faults() if self.disk is not None else None
 
     def take_seconds(self) -> float:
         out, self.seconds = self.seconds, 0.0
@@ -195,39 +203,34 @@ class KVTierStore:
         self._write_files([d[src].cpu() for d in self.cache.buffers], m.keys)
 
     def _disk2d(self, m: KVMove) -> None:
-        pages = [self._read_file(key) for key in m.keys]  # per page: one tensor per buffer
-        dst = self._ids(m.dst, self.device)
+        """A page that cannot be read is skipped: its device page keeps whatever it held, and the
+        disk tier's faults tell the scheduler to recompute what reads it."""
+        disk = self._disk()
+        read = [(page, disk.read(key, page)) for key, page in zip(m.keys, m.dst)]
+        pages = [self._split(data) for _, data in read if data is not None]  # per page: one tensor per buffer
+        if not pages:
+            return
+        dst = self._ids([page for page, data in read if data is not None], self.device)
         for i, d in enumerate(self.cache.buffers):
             d[dst] = torch.stack([p[i] for p in pages]).to(self.device)
 
     def _drop(self, m: KVMove) -> None:
         for key in m.keys:
-            self._path(key).unlink(missing_ok=True)
+            self._disk().drop(key)
 
-    def _path(self, key: str) -> Path:
-        assert self.disk_dir is not None, "a disk move without a disk tier"
-        return self.disk_dir / disk_page_name(key, self.rank)
+    def _disk(self) -> DiskTier:
+        assert self.disk is not None, "a disk move without a disk tier"
+        return self.disk
 
     def _write_files(self, tensors: list[torch.Tensor], keys: list[str]) -> None:
         """tensors[i]: [len(keys), ...] pages of buffer i; one file per key."""
         raw = [t.contiguous().view(torch.uint8).reshape(len(keys), -1).numpy() for t in tensors]
         for j, key in enumerate(keys):
-            path = self._path(key)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            with tmp.open("wb") as f:
-                for r in raw:
-                    f.write(r[j].tobytes())
-            os.replace(tmp, path)
+            self._disk().write(key, [r[j].tobytes() for r in raw])
 
-    def _read_file(self, key: str) -> list[torch.Tensor]:
-        path = self._path(key)
-        try:
-            data = bytearray(path.read_bytes())
-        except OSError as e:
-            raise RuntimeError(f"the disk KV tier lost page file {path}: {e.strerror}") from None
-        if len(data) != sum(self._page_bytes):
-            raise RuntimeError(f"disk KV page {path} has {len(data)} bytes, expected {sum(self._page_bytes)}")
-        flat, out, pos = torch.frombuffer(data, dtype=torch.uint8), [], 0
+    def _split(self, data: bytes) -> list[torch.Tensor]:
+        """One page file's bytes as one tensor per buffer."""
+        flat, out, pos = torch.frombuffer(bytearray(data), dtype=torch.uint8), [], 0
         for n, b in zip(self._page_bytes, self.cache.buffers):
             out.append(flat[pos : pos + n].view(b.dtype).reshape(b.shape[1:]))
             pos += n

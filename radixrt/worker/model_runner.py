@@ -183,12 +183,15 @@ class ModelRunner:
         if args.hicache_dir is not None:
             disk_dir, disk_pages = prepare_disk_dir(args, self.fingerprint, page_bytes)
         logger.info("host KV tier: %d pages%s", host_pages, f"; disk tier: {disk_pages} pages in {disk_dir}" if disk_dir else "")
-        return KVTierStore(self.cache, host_pages, disk_dir, disk_pages, rank)
+        return KVTierStore(self.cache, host_pages, disk_dir, disk_pages, rank, args.hicache_disk_max_errors)
 
     def move(self, moves: list[KVMove]) -> None:
-        """Run the scheduler's tier moves (before the forward that needs them)."""
+        """Run the scheduler's tier moves (before the forward that needs them). The ranks agree on
+        which disk file operations failed: a page lost on any rank is lost on all."""
         assert self.tiers is not None, "KV tier moves without a host tier"
         self.tiers.run(moves)
+        if self.tiers.disk is not None:  # every rank ran the same moves: as many outcomes, in the same order
+            self.tiers.disk.settle(self._reduce_each(self.tiers.disk.outcomes(), torch.distributed.ReduceOp.MAX))
 
     # -- weight updates ----------------------------------------------------------------------
 
@@ -215,13 +218,26 @@ class ModelRunner:
         self.fingerprint = self._fingerprint()
         if self.graphs is not None and self.cache.layer_scaled:  # capture folded fp8's old scales in
             self.graphs = self._capture_decode_graphs(self.args)
-        disk_dir, disk_pages = "", 0
-        if self.tiers is not None and self.tiers.disk_dir is not None:
-            page_bytes = self.bytes_per_token * self.page_size
-            self.tiers.disk_dir, self.tiers.disk_pages = prepare_disk_dir(self.args, self.fingerprint, page_bytes)
-            disk_dir, disk_pages = str(self.tiers.disk_dir), self.tiers.disk_pages
+        disk_dir, disk_pages = self._follow_with_disk_tier()
         logger.info("weights updated from %s (fingerprint %s)", model_path, self.fingerprint)
         return WeightsLoaded(True, "Succeeded to update model weights.", self.fingerprint, disk_dir, disk_pages)
+
+    def _follow_with_disk_tier(self) -> tuple[str, int]:
+        """The disk tier moves to the new weights' directory (and its capacity); ("", 0): none, or
+        off. A directory that any rank cannot prepare turns the tier off: it is only a cache."""
+        disk = self.tiers.disk if self.tiers is not None else None
+        if disk is None or not disk.enabled:
+            return "", 0
+        page_bytes = self.bytes_per_token * self.page_size
+        try:
+            disk.dir, disk.capacity = prepare_disk_dir(self.args, self.fingerprint, page_bytes)
+            why = None
+        except ValueError as e:
+            why = str(e)
+        if self._first_failed_rank(why is not None) is not None:
+            disk.turn_off(why or "another rank cannot use the new weights' directory")
+            return "", 0
+        return str(disk.dir), disk.capacity
 
     def _recheck_quantized_kv(self) -> None:
         self.kv_check = self._check_quantized_kv()
@@ -250,11 +266,15 @@ class ModelRunner:
 
     def _reduce(self, value: int, op: torch.distributed.ReduceOp) -> int:
         """value reduced with op over the tensor-parallel ranks (every rank calls it, in the same order)."""
-        if self.tp.size == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        return self._reduce_each([value], op)[0]
+
+    def _reduce_each(self, values: list[int], op: torch.distributed.ReduceOp) -> list[int]:
+        """values reduced elementwise with op over the ranks (every rank passes as many, in the same order)."""
+        if self.tp.size == 1 or not values:
+            return values
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
         torch.distributed.all_reduce(t, op=op)
-        return int(t)
+        return t.tolist()
 
     def ready_message(self) -> WorkerReady:
         return WorkerReady(
@@ -294,6 +314,7 @@ class ModelRunner:
         rows = LogitRows.plan(entries)
         logits = self.model.compute_logits(hidden[rows.index(self.device)])  # [R, vocab] float32
         page_mass = gather_mass(self.attn, entries, meta.mass_reqs, self.tp)  # every rank: an all-reduce
+        disk = self.tiers.take_faults() if self.tiers is not None else None  # agreed: rank 0's stand for all
         if self.tp.rank != 0:  # the others took part in the forward and the logits gather; rank 0 samples
             return BatchResult(step=batch.step, next_ids=[])
         ids = self._sample(entries, rows, logits, failed)
@@ -304,7 +325,7 @@ class ModelRunner:
         errors = [EntryError(i, failed[i]) for i in sorted(failed)]
         next_ids = [t for t in ids if t is not None]  # an entry that failed its sample has none
         return BatchResult(step=batch.step, next_ids=next_ids, logprobs=logprobs, move_seconds=moved, errors=errors,
-                           page_mass=page_mass, memory=self.memory.due())
+                           page_mass=page_mass, memory=self.memory.due(), disk=disk)
 
     def _sample(
         self, entries: list[BatchEntry], rows: LogitRows, logits: torch.Tensor, failed: dict[int, str]
