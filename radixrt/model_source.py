@@ -13,7 +13,9 @@ A cached snapshot must be whole: a model's holds config.json and safetensors
 weights (a cache that only ever served AutoConfig has config.json alone), a
 tokenizer's its tokenizer files; a partial one is completed by a download or
 refused, naming what it lacks. A local directory needs only config.json here;
-the worker's loader names what else is missing.
+the worker's loader names what else is missing. Either way, every file a load may read
+(MODEL_FILES' patterns) must be a regular file: a FIFO there would block its reader forever
+(checkpoint_meta.irregular_files), so it is refused before any process reads it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from radixrt.config import ServerArgs
+from radixrt.utils.checkpoint_meta import MAX_PATH_CHARS, irregular_files
 
 logger = logging.getLogger(__name__)
 
@@ -67,17 +70,33 @@ def resolve_model_source(args: ServerArgs, hub: Hub | None = None) -> ServerArgs
 
 def local_dir(name: str, revision: str | None, what: str, gap: Callable[[Path], str | None],
               patterns: list[str], hub: Hub) -> Path:
-    """A local directory for `name`: the directory itself, or the repo's cached (or downloaded) snapshot."""
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if what == "model_path" and not (path / "config.json").is_file():
-            raise ValueError(f"{what} {name!r} has no config.json (not a Hugging Face checkpoint directory)")
-        if revision is not None:
-            logger.warning("%s %s is a local directory: --revision %s does not apply to it", what, name, revision)
-        return path.resolve()
-    if not _is_repo_id(name):
-        raise ValueError(f"{what} {name!r} is not a local directory (nor a Hugging Face repo id)")
-    return _snapshot(name, revision, what, gap, patterns, hub)
+    """A local directory for `name`: the directory itself, or the repo's cached (or downloaded) snapshot,
+    holding only regular files where a load reads."""
+    if len(name) > MAX_PATH_CHARS:
+        raise ValueError(f"{what} is {len(name)} characters long; the limit is {MAX_PATH_CHARS} (PATH_MAX)")
+    try:
+        found = _local(Path(name).expanduser(), name, revision, what)
+        if found is None and not _is_repo_id(name):
+            raise ValueError(f"{what} {name!r} is not a local directory (nor a Hugging Face repo id)")
+        found = found or _snapshot(name, revision, what, gap, patterns, hub)
+        irregular = irregular_files(found, patterns)
+    except OSError as e:  # a component longer than NAME_MAX (ENAMETOOLONG), no permission, ...
+        raise ValueError(f"{what} {name!r} cannot be read: {e.strerror or e}") from None
+    if irregular:
+        raise ValueError(f"{what} {name!r} holds {', '.join(irregular)}, not regular files "
+                         "(a FIFO, socket, device or directory): refused before anything reads them")
+    return found
+
+
+def _local(path: Path, name: str, revision: str | None, what: str) -> Path | None:
+    """path resolved if it is a directory (a model's must hold config.json), else None."""
+    if not path.is_dir():
+        return None
+    if what == "model_path" and not (path / "config.json").is_file():
+        raise ValueError(f"{what} {name!r} has no config.json (not a Hugging Face checkpoint directory)")
+    if revision is not None:
+        logger.warning("%s %s is a local directory: --revision %s does not apply to it", what, name, revision)
+    return path.resolve()
 
 
 def checkpoint_gap(snapshot: Path) -> str | None:

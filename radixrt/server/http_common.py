@@ -1,16 +1,18 @@
 """What both HTTP APIs (native_api.py, openai_api.py) are built from: the server's context,
 ApiError and its JSON body, reading a typed body under --max-request-bytes, a call's
-requests awaited on the event loop (Submission), and JSON / server-sent-event encoding."""
+requests awaited on the event loop (Submission), and JSON / server-sent-event encoding
+(event_stream: the one way every stream is answered)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 import msgspec
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from radixrt.config import ServerArgs
 from radixrt.frontend.generate_input import GenerateInput, GenerateRequest
@@ -19,7 +21,7 @@ from radixrt.frontend.tokenizer_manager import TokenizerManager
 from radixrt.server.metrics import ServerMetrics
 from radixrt.server.schemas import decode_body
 
-DISCONNECT_POLL_S = 1.0
+logger = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -66,6 +68,12 @@ def failure(f: Any) -> ApiError:
                     cause="request_failed" if f.status_code >= 500 else None)
 
 
+def internal_error(e: BaseException) -> ApiError:
+    """A bug's answer (its traceback is logged, never sent): a 500 counted under cause "internal"."""
+    return ApiError(500, f"internal server error ({type(e).__name__}); see the server log", type="server_error",
+                    cause="internal")
+
+
 def counted(ctx: ServerContext, err: ApiError) -> ApiError:
     """err, counted in /metrics (for an error answered without raising it: a stream's error event)."""
     ctx.metrics.count_error(err.status, err.cause)
@@ -96,7 +104,7 @@ async def read_typed(ctx: ServerContext, request: Request, kind: type) -> Any:
 
 async def generate_input(ctx: ServerContext, req: GenerateRequest) -> GenerateInput:
     """The call's items, built off the event loop (a list of thousands of prompts takes a while)."""
-    return await ctx.manager.run_off_loop(GenerateInput.from_request, req, ctx.args.max_n)
+    return await ctx.manager.run_off_loop(GenerateInput.from_request, req, ctx.args.max_n, ctx.args.max_requests_per_call)
 
 
 class Submission:
@@ -105,6 +113,7 @@ class Submission:
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx, self.updates = ctx, asyncio.Queue()
         self.states: list[ReqState] = []
+        self._aborted = False
 
     @classmethod
     async def start(cls, ctx: ServerContext, gen: GenerateInput) -> Submission:
@@ -116,15 +125,35 @@ class Submission:
         return sub
 
     async def wait(self, request: Request) -> bool:
-        """Until every request is done (True), or the client went away (False, requests aborted)."""
-        while not all(s.done for s in self.states):
-            try:
-                await asyncio.wait_for(self.updates.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
+        """Until every request is done (True), or the client went away (False, requests aborted).
+        A task awaits the client's disconnect beside the requests, so a client that leaves is
+        noticed at once, tokens flowing or not (request.is_disconnected() never sees it through
+        the HTTP middleware, whose receive cannot answer within a cancelled scope)."""
+        left = asyncio.Event()
+        watcher = asyncio.create_task(self._watch(request, left))
+        try:
+            while not all(s.done for s in self.states):
+                await self.updates.get()
+                while not self.updates.empty():  # a burst of updates: one look at the states
+                    self.updates.get_nowait()
+                if left.is_set():
                     self.abort()
                     return False
-        return True
+            return True
+        finally:
+            watcher.cancel()
+
+    async def _watch(self, request: Request, left: asyncio.Event) -> None:
+        """Set `left` (and wake wait) once the client disconnects: after the body, the next ASGI
+        message of a request is its disconnect."""
+        try:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+        except Exception:  # noqa: BLE001 - the server's receive failing: the call runs on unwatched
+            logger.exception("cannot watch a client for its disconnect")
+            return
+        left.set()
+        self.updates.put_nowait(None)
 
     async def stream(self) -> AsyncIterator[None]:
         """Yields after each update until every request is done; aborts the rest if the stream is dropped."""
@@ -139,10 +168,15 @@ class Submission:
         finally:
             self.abort()
 
-    def abort(self) -> None:
-        """Abort the requests not done (a client that left: counted as SGLang counts aborts)."""
+    def abort(self, cause: str | None = "client_disconnected") -> None:
+        """Abort the requests not done, once. cause: the abort counter's (a client that left, counted as
+        SGLang counts aborts); None for no client's doing (a failed stream, counted as an internal error)."""
+        if self._aborted:
+            return
+        self._aborted = True
         aborted = sum(self.ctx.manager.abort(s.rid) and s.log_metrics for s in self.states if not s.done)
-        self.ctx.metrics.count_aborts(aborted, "client_disconnected")
+        if cause is not None:
+            self.ctx.metrics.count_aborts(aborted, cause)
 
     def check(self) -> None:
         """Raise the first failure among the finished requests as an ApiError."""
@@ -159,6 +193,25 @@ def sse(data: Any) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+
+def event_stream(sub: Submission, events: AsyncIterator[bytes]) -> StreamingResponse:
+    """The answer of every stream: events (ending with [DONE]) as server-sent events."""
+    return StreamingResponse(guarded_events(sub, events), media_type="text/event-stream")
+
+
+async def guarded_events(sub: Submission, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """events, or once the 200 is sent and something fails: the call's requests aborted, the bug
+    logged and counted as an internal error, and the stream ended as a failed request ends it
+    (an error event, then [DONE]), never cut off."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as e:  # noqa: BLE001 - a bug after the 200: logged, answered in the stream, survived
+        logger.exception("internal error in a stream")
+        sub.abort(cause=None)
+        yield sse(error_body(counted(sub.ctx, internal_error(e))))
+        yield SSE_DONE
 
 
 def body_schema(name: str) -> dict[str, Any]:

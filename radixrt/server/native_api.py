@@ -8,14 +8,16 @@ from dataclasses import asdict
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N
-from radixrt.frontend.generate_input import GenerateInput, GenerateRequest
+from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.weights import check_update_options, model_info
+from radixrt.server.access import cache_report_scope
+from radixrt.server.health_probe import HealthProbe
 from radixrt.server.http_common import (
-    SSE_DONE, ApiError, ServerContext, Submission, body_schema, counted, error_body, error_response, failure,
-    generate_input, json_response, read_typed, sse
+    SSE_DONE, ApiError, ServerContext, Submission, body_schema, counted, error_body, error_response, event_stream,
+    failure, generate_input, json_response, read_typed, sse
 )
 from radixrt.server.launcher import resolve_update_path
 from radixrt.server.schemas import UPDATE_CALL_FIELDS, AbortBody, UpdateWeightsBody
@@ -44,7 +46,7 @@ def _add_generate(app: FastAPI, ctx: ServerContext) -> None:
             raise ApiError(400, "stream takes a single prompt and n=1", param="stream")
         sub = await Submission.start(ctx, gen)
         if req.stream:
-            return StreamingResponse(_native_stream(sub), media_type="text/event-stream")
+            return event_stream(sub, _native_stream(sub))
         if not await sub.wait(request):
             return error_response(counted(ctx, ApiError(499, "client closed the request", cause="client_closed")))
         sub.check()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateRequest
@@ -35,9 +35,10 @@ from radixrt.frontend.req_state import ReqState
 from radixrt.sampling_params import SamplingParamsIn, refuse_unsupported
 from radixrt.server.chat_templates import named_template
 from radixrt.server.http_common import (
-    SSE_DONE, ApiError, ServerContext, Submission, body_schema, counted, error_body, failure, generate_input, json_response,
-    read_typed, sse
+    SSE_DONE, ApiError, ServerContext, Submission, body_schema, counted, error_body, event_stream, failure, generate_input,
+    json_response, read_typed, sse
 )
+from radixrt.server.nesting import check_template_depths
 from radixrt.server.schemas import (
     CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, RESPONSE_FORMAT_TYPES, ChatCompletionRequest, CompletionRequest,
     OpenAISampling
@@ -86,6 +87,7 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def chat(request: Request) -> Response:
         body: ChatCompletionRequest = await read_typed(ctx, request, ChatCompletionRequest)
         refuse_unsupported(body, CHAT_UNSUPPORTED)
+        check_template_depths(body)  # before the template (and tool_choice_schema) recurse into them
         if body.top_logprobs and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         tools = ToolMode.of(body, ctx.args.tool_call_parser)
@@ -378,7 +380,7 @@ async def _respond(ctx: ServerContext, request: Request, body: OpenAISampling, r
     if body.stream:
         options = body.stream_options
         usage = StreamUsage(bool(options and options.include_usage), bool(options and options.continuous_usage_stats))
-        return StreamingResponse(_stream(sub, meta, view, logprobs, usage), media_type="text/event-stream")
+        return event_stream(sub, _stream(sub, meta, view, logprobs, usage))
     if not await sub.wait(request):
         raise ApiError(499, "client closed the request", cause="client_closed")
     sub.check()

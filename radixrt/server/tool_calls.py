@@ -11,7 +11,10 @@ Two ways a chat answer carries calls, as in SGLang:
   tool_choice_schema to a JSON array of {"name", "parameters"} objects, which
   calls_from_constrained reads back.
 
-Parsing never raises on model text: whatever is not a well-formed call stays content.
+Parsing never raises on model text: whatever is not a well-formed call stays content, as in
+SGLang and vLLM when parsing fails. Arguments are strict JSON: a call whose arguments hold
+NaN or Infinity (or a number too large for a float), a lone surrogate, or nesting too deep
+to decode or encode is not a call.
 """
 
 from __future__ import annotations
@@ -54,10 +57,22 @@ def _calls_of(value: Any) -> list[ToolCall] | None:
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             return None
         args = obj.get("arguments", obj.get("parameters", {}))
-        if not isinstance(args, dict):
+        encoded = _strict_json(args) if isinstance(args, dict) else None
+        if encoded is None or _strict_json(obj["name"]) is None:
             return None
-        calls.append(ToolCall(obj["name"], json.dumps(args, ensure_ascii=False)))
+        calls.append(ToolCall(obj["name"], encoded))
     return calls or None
+
+
+def _strict_json(value: Any) -> str | None:
+    """value as strict JSON text that encodes as UTF-8 (what a client's JSON parser takes), or None:
+    NaN or Infinity (allow_nan=False; 1e999 reads as Infinity), a lone surrogate, too deep to encode."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+    except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+        return None
+    return text
 
 
 def _skip_ws(text: str, pos: int) -> int:
@@ -76,7 +91,7 @@ def _decode_calls(body: str, separator: str | None) -> tuple[list[ToolCall], str
         start = _skip_ws(body, pos)
         try:
             value, end = _JSON.raw_decode(body, start)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # not JSON, or nested deeper than the decoder goes
             return calls, body[pos:]
         found = _calls_of(value)
         if found is None:
@@ -280,11 +295,14 @@ def tool_choice_schema(tools: list[dict[str, Any]], tool_choice: Any, parallel_t
 
 def calls_from_constrained(text: str) -> list[ToolCall]:
     """The calls in output constrained by tool_choice_schema. Raises ValueError if text is not
-    such an array (e.g. cut short by max_tokens)."""
-    value = json.loads(text)
+    such an array (e.g. cut short by max_tokens, or nested deeper than the decoder goes)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("constrained tool output is nested too deeply to decode") from None
     if not isinstance(value, list) or any(not isinstance(v, dict) or "parameters" not in v for v in value):
         raise ValueError("constrained tool output is not an array of {name, parameters} objects")
     calls = _calls_of(value)
     if calls is None:
-        raise ValueError("constrained tool output has a call without a name or object parameters")
+        raise ValueError("constrained tool output has a call without a name or strict JSON object parameters")
     return calls
