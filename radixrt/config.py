@@ -57,15 +57,25 @@ class ServerArgs:
     admin_api_key: str | None = _arg(
         None, "key for the admin endpoints (/abort_request, /flush_cache); without it they take api_key"
     )
+    allowed_hosts: str | None = _arg(
+        None, "comma-separated Host names (name or name:port) served, beyond the loopback names and addresses and "
+        "the bind address (bound to 0.0.0.0 or ::, any IP address too); '*' serves any. Checked, with Origin and "
+        "Content-Type, on routes that take no API key, against DNS rebinding and cross-site requests from web pages"
+    )
     max_request_bytes: int = _arg(32 << 20, "largest request body in bytes; a larger one gets 413 before it is parsed")
     max_n: int = _arg(128, "largest n (parallel samples) one request may ask for")
+    max_requests_per_call: int = _arg(
+        1024, "most requests one HTTP call may make (its prompts times n); a larger call gets 400 before any of it runs"
+    )
     allow_auto_truncate: bool = _arg(
         False, "truncate a prompt (and max_new_tokens) that exceeds the context instead of refusing it with a 400"
     )
     request_read_timeout: float = _arg(
         30.0, "seconds a client has to send a request's headers and body; an idle or half-sent connection is closed"
     )
-    max_connections: int = _arg(2048, "open HTTP connections at most; beyond it new ones get 503")
+    max_connections: int = _arg(
+        2048, "open HTTP connections at most; beyond it new requests get 503, but for GET /health, always answered"
+    )
     graceful_shutdown_timeout: float = _arg(
         30.0, "on SIGTERM, seconds in-flight requests may take to finish before they get a 503"
     )
@@ -209,9 +219,12 @@ class ServerArgs:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
 
     def _check_http_limits(self) -> None:
-        for name in ("max_request_bytes", "max_n", "max_connections"):
+        for name in ("max_request_bytes", "max_n", "max_requests_per_call", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.allowed_hosts is not None and any(not h.strip() or "/" in h for h in self.allowed_hosts.split(",")):
+            raise ValueError(f"allowed_hosts must be comma-separated host names (name or name:port), "
+                             f"got {self.allowed_hosts!r}")
         if self.request_read_timeout <= 0:
             raise ValueError(f"request_read_timeout must be > 0, got {self.request_read_timeout}")
         if self.graceful_shutdown_timeout < 0:

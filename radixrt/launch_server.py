@@ -178,6 +178,14 @@ def run_worker_node(args: ServerArgs) -> int:
     return 0
 
 
+def warn_about_keys(args: ServerArgs) -> None:
+    """SGLang lets the api key reach the admin routes when no admin key is set: say so at start."""
+    if args.api_key and not args.admin_api_key and args.node_rank == 0:
+        logger.warning("--api-key without --admin-api-key: every API user can reach the admin routes (/flush_cache, "
+                       "/abort_request, /update_weights_from_disk), as in SGLang; set --admin-api-key to keep them "
+                       "to operators")
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line, not the usage of ~50 flags above the message."""
 
@@ -203,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    warn_about_keys(args)
     try:
         if args.dp_size > 1:
             from radixrt.server.data_parallel import run_data_parallel

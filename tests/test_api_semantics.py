@@ -3,7 +3,8 @@ max_new_tokens null (and chat without max_tokens) runs to the context; an explic
 the context is a 400 unless --allow-auto-truncate; /health* and /metrics need no key; streamed
 logprobs come per chunk and continuous_usage_stats puts usage in each; the OpenAI model name is
 not checked; spaces_between_special_tokens reaches the tokenizer; cache_salt and extra_key
-combine; /flush_cache while busy is refused; continue_final_message continues the last message."""
+combine (unambiguously, unlike SGLang's concatenation); /flush_cache while busy is refused;
+continue_final_message continues the last message."""
 
 from __future__ import annotations
 
@@ -180,21 +181,22 @@ def test_spaces_between_special_tokens_is_passed_to_decode_as_sglang_does(tok):
     assert texts[True] == "hello <|im_end|> <|im_start|> world" and texts[False] == "hello<|im_end|><|im_start|>world"
 
 
-# -- cache_salt and extra_key: one namespace, cache_salt + extra_key ---------------------------
+# -- cache_salt and extra_key: one namespace, never the concatenation (issue 29) ---------------
 
 def test_cache_salt_and_extra_key_combine_into_one_namespace(server):
-    assert GenerateInput.build(text="x", cache_salt="ten", extra_key="ant").items[0].cache_salt == "tenant"
+    assert GenerateInput.build(text="x", cache_salt="ten", extra_key="ant").items[0].cache_salt == '["ten", "ant"]'
     assert GenerateInput.build(text="x", extra_key="ant").items[0].cache_salt == "ant"
     prompt, cached = ids(64), lambda body: post(server, "/generate", body).json()["meta_info"]["cached_tokens"]
     one = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}}
     assert cached({**one, "cache_salt": "ten", "extra_key": "ant-1"}) == 0
-    assert cached({**one, "cache_salt": "tenant-1"}) > 0  # the same namespace
+    assert cached({**one, "cache_salt": "ten", "extra_key": "ant-1"}) > 0  # the same namespace
+    assert cached({**one, "cache_salt": "tenant-1"}) == 0  # SGLang's concatenation would read it
     assert cached({**one, "cache_salt": "ten"}) == 0 and cached({**one, "extra_key": "ant-1"}) == 0
     chat = {"messages": [{"role": "user", "content": "salted " * 30}], "max_tokens": 1}
-    assert post(server, "/v1/chat/completions", {**chat, "cache_salt": "s", "extra_key": "2"}).json()[
-        "usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert post(server, "/v1/chat/completions", {**chat, "extra_key": "s2"}).json()[
-        "usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    usage = lambda body: post(server, "/v1/chat/completions", body).json()["usage"]["prompt_tokens_details"]
+    assert usage({**chat, "cache_salt": "s", "extra_key": "2"})["cached_tokens"] == 0
+    assert usage({**chat, "cache_salt": "s", "extra_key": "2"})["cached_tokens"] > 0
+    assert usage({**chat, "extra_key": "s2"})["cached_tokens"] == 0
 
 
 # -- /flush_cache while busy; health probes stay out of the metrics ----------------------------

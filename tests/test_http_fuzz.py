@@ -99,7 +99,7 @@ def deepen(body: dict, depth: int) -> str:
 
 def check(url: str, path: str, body: dict, depth: int) -> None:
     data = deepen(body, depth)
-    r = requests.post(url + path, data=data, timeout=120)
+    r = requests.post(url + path, data=data, headers={"Content-Type": "application/json"}, timeout=120)
     assert r.status_code < 500, f"{path} {data[:300]!r} -> {r.status_code} {r.text[:300]}"
     if body.get("stream") is True:
         r.content  # read a stream to its end

@@ -30,7 +30,8 @@ def server(llama_path):
 
 def post(url: str, path: str, body, **kw) -> requests.Response:
     data = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    return requests.post(url + path, data=data, timeout=60, **kw)
+    headers = {"Content-Type": "application/json", **kw.pop("headers", {})}  # a keyless server wants JSON's type
+    return requests.post(url + path, data=data, timeout=60, headers=headers, **kw)
 
 
 def deep(n: int, field: str = "sampling_params") -> str:
@@ -128,7 +129,7 @@ def test_a_body_over_the_limit_is_413_before_it_is_parsed(server):
             yield b"a" * (1 << 20)
         yield b'"}'
 
-    r = requests.post(server + "/generate", data=chunks(), timeout=60)
+    r = requests.post(server + "/generate", data=chunks(), headers={"Content-Type": "application/json"}, timeout=60)
     assert r.status_code == 413
     assert_healthy_and_idle(server)
 
@@ -182,7 +183,8 @@ def test_idle_and_half_sent_connections_are_closed(server):
         if i % 3 == 1:
             s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\n")  # headers never finish
         elif i % 3 == 2:
-            s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"te")  # body never finishes
+            s.sendall(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"te")  # body never finishes (a Host and type a keyless server takes)
         socks.append(s)
     ok = post(server, "/generate", {"text": "meanwhile", "sampling_params": {"max_new_tokens": 2}})
     assert ok.status_code == 200

@@ -26,7 +26,9 @@ GENERATED = "sglang:generation_tokens_total"
 
 
 def post(url: str, path: str, body, **kw) -> requests.Response:
-    return requests.post(url + path, data=body if isinstance(body, str) else json.dumps(body), timeout=60, **kw)
+    headers = {"Content-Type": "application/json", **kw.pop("headers", {})}  # a keyless server wants JSON's type
+    return requests.post(url + path, data=body if isinstance(body, str) else json.dumps(body), timeout=60,
+                         headers=headers, **kw)
 
 
 def stream_events(resp: requests.Response) -> list:

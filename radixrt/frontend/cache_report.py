@@ -34,9 +34,14 @@ being shared, with the cache or without it.
 A cause is listed when at least CAUSE_MIN_SHARE of the recent prompts show it (LOW_REPETITION_SHARE,
 CAUSE_MIN_SHARE and the report itself are in cache_findings.py).
 
+Namespaces. A request is compared only with the recent texts of its own cache namespace (its
+cache_salt and extra_key, generate_input.cache_namespace): every hash is keyed by the namespace. So
+nothing a tenant sends can tell whether a text appears in another tenant's prompts, through this
+report or the /metrics gauges drawn from it; report() answers for one namespace or for all.
+
 NOTE: recent texts are those of finished requests, in finish order: requests admitted together,
 before any of them finished, share content the cache could not yet hold, and may show as evicted (or
-variable start) the first time. Nor is cache_salt seen: salted prompts sharing tokens show as evicted.
+variable start) the first time.
 """
 
 from __future__ import annotations
@@ -73,8 +78,16 @@ def divergence_position(prompt_len: int, cached_tokens: int) -> int:
     return prompt_len if cached_tokens >= prompt_len - 1 else max(cached_tokens, 0)
 
 
-def _window_hash(ids: Sequence[int], start: int, length: int = WINDOW) -> int:
-    return hash(tuple(ids[start : start + length]))
+def _window_hash(ids: Sequence[int], start: int, length: int = WINDOW, ns: str | None = None) -> int:
+    """The hash of ids[start : start + length] within namespace ns (other namespaces never match it)."""
+    return hash((ns, tuple(ids[start : start + length])))
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """One prefix-cache namespace: generate_input.cache_namespace's value (None: no salt, no extra_key)."""
+
+    key: str | None
 
 
 @dataclass(frozen=True)
@@ -85,8 +98,9 @@ class Fingerprint:
     prefixes: tuple[int, ...]  # prefixes[i]: tokens [0, (i+1)*W), chained over windows[:i+1]
 
 
-def fingerprint(ids: Sequence[int]) -> Fingerprint:
-    windows = tuple(_window_hash(ids, i * WINDOW) for i in range(min(len(ids), MAX_INDEXED_TOKENS) // WINDOW))
+def fingerprint(ids: Sequence[int], ns: str | None = None) -> Fingerprint:
+    count = min(len(ids), MAX_INDEXED_TOKENS) // WINDOW
+    windows = tuple(_window_hash(ids, i * WINDOW, WINDOW, ns) for i in range(count))
     prefixes, h = [], 0
     for w in windows:
         h = hash((h, w))
@@ -102,23 +116,25 @@ class Tail:
 
     run: int
     windows: dict[int, int]
+    ns: str | None
 
     def found_in(self, ids: Sequence[int], aligned: Sequence[int], start: int) -> bool:
         """Whether ids (whose aligned window hashes are `aligned`) holds the run at or after start."""
         for i in range(-(-start // WINDOW), len(aligned)):
             offset = self.windows.get(aligned[i])
             if offset is not None and i * WINDOW - offset >= start:
-                if _window_hash(ids, i * WINDOW - offset, TAIL_RUN) == self.run:
+                if _window_hash(ids, i * WINDOW - offset, TAIL_RUN, self.ns) == self.run:
                     return True
         return False
 
 
-def tail_of(text: Sequence[int]) -> Tail | None:
+def tail_of(text: Sequence[int], ns: str | None = None) -> Tail | None:
     end = min(len(text), MAX_INDEXED_TOKENS) - 1
     if end < TAIL_RUN:
         return None
     begin = end - TAIL_RUN
-    return Tail(_window_hash(text, begin, TAIL_RUN), {_window_hash(text, begin + j): j for j in range(WINDOW)})
+    windows = {_window_hash(text, begin + j, WINDOW, ns): j for j in range(WINDOW)}
+    return Tail(_window_hash(text, begin, TAIL_RUN, ns), windows, ns)
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,7 @@ class _Recent:
     fp: Fingerprint  # of its whole text, prompt + output
     tail: Tail | None
     text_len: int
+    ns: str | None
 
 
 class CacheDiagnosis:
@@ -151,13 +168,15 @@ class CacheDiagnosis:
         self._prefixes: dict[int, int] = {}  # aligned prefix hash -> serial of the latest text holding it
         self._system: deque[tuple[int, int]] = deque(maxlen=WARN_WINDOW)  # (cached, prompt_len)
 
-    def observe(self, prompt_ids: list[int], cached_tokens: int, output_ids: list[int]) -> None:
-        """Record one finished request: its prompt, the prompt tokens it reused, what it generated."""
+    def observe(self, prompt_ids: list[int], cached_tokens: int, output_ids: list[int],
+                namespace: str | None = None) -> None:
+        """Record one finished request: its prompt, the prompt tokens it reused, what it generated,
+        and its cache namespace (it is compared only with recent texts of the same one)."""
         text = list(prompt_ids) + list(output_ids)
-        fp, tail = fingerprint(text), tail_of(text)  # hashed outside the lock
+        fp, tail = fingerprint(text, namespace), tail_of(text, namespace)  # hashed outside the lock
         with self._lock:
-            obs = self._analyse(prompt_ids, cached_tokens, fp)
-            self._remember(_Recent(obs, fp, tail, len(text)))
+            obs = self._analyse(prompt_ids, cached_tokens, fp, namespace)
+            self._remember(_Recent(obs, fp, tail, len(text), namespace))
             due = self._warning_due(obs)
         if due is not None:
             causes = self.report()["causes"]
@@ -165,15 +184,17 @@ class CacheDiagnosis:
             logger.warning("prefix-cache hit rate is %.1f%% over the last %d prompts that share a system "
                            "prompt; likely cause: %s", 100 * due[0], due[1], why)
 
-    def report(self, first_n: int = CACHE_REPORT_FIRST_N) -> dict[str, Any]:
-        """The diagnosis of the recent requests as a JSON-able dict (see build_report)."""
+    def report(self, first_n: int = CACHE_REPORT_FIRST_N, only: Namespace | None = None) -> dict[str, Any]:
+        """The diagnosis of the recent requests as a JSON-able dict (see build_report): of those in
+        namespace `only`, or of all (None). Its "scope" says which: "all" or "namespace"."""
         with self._lock:
-            observations = [r.obs for r in self._recent.values()]
-        return build_report(observations, first_n, self.cache_enabled)
+            observations = [r.obs for r in self._recent.values() if only is None or r.ns == only.key]
+        report = build_report(observations, first_n, self.cache_enabled)
+        return {**report, "scope": "all" if only is None else "namespace"}
 
     # -- under the lock ------------------------------------------------------------------------
 
-    def _analyse(self, prompt: Sequence[int], cached: int, fp: Fingerprint) -> Observation:
+    def _analyse(self, prompt: Sequence[int], cached: int, fp: Fingerprint, ns: str | None) -> Observation:
         own = min(len(prompt), MAX_INDEXED_TOKENS) // WINDOW  # the prompt's aligned windows lead fp's
         depth = 0
         while depth < own and fp.prefixes[depth] in self._prefixes:
@@ -181,28 +202,29 @@ class CacheDiagnosis:
         latest = self._recent.get(self._prefixes[fp.prefixes[depth - 1]]) if depth else None
         divergence = divergence_position(len(prompt), cached)
         start = max(divergence, depth * WINDOW)
-        resume = self._first_shared(prompt, start, start + RESUME_PROBE_TOKENS)
+        resume = self._first_shared(prompt, ns, start, start + RESUME_PROBE_TOKENS)
         aligned_hits = sum(w in self._windows for w in fp.windows[:own])
-        shared = max(start, WINDOW * max(aligned_hits, self._hits_from(prompt, resume)))
+        shared = max(start, WINDOW * max(aligned_hits, self._hits_from(prompt, ns, resume)))
         kept_tail = (latest is not None and latest.tail is not None and start < latest.text_len - EXTEND_SLACK
                      and latest.tail.found_in(prompt, fp.windows[:own], start))
+        system = self._first_shared(prompt, ns, 0, SYSTEM_PROMPT_TOKENS - WINDOW + 1) is not None
         return Observation(
             prompt_len=len(prompt), cached=cached, divergence=divergence, shared_start=start,
             shared=min(shared, len(prompt)), resumes=resume is not None,
             evicted=self.cache_enabled and depth * WINDOW >= divergence + EVICTED_MIN_TOKENS,
-            kept_tail=kept_tail, system=self._first_shared(prompt, 0, SYSTEM_PROMPT_TOKENS - WINDOW + 1) is not None)
+            kept_tail=kept_tail, system=system)
 
-    def _first_shared(self, ids: Sequence[int], start: int, stop: int) -> int | None:
-        """The first position in [start, stop) whose window is in a recent text (at any offset)."""
+    def _first_shared(self, ids: Sequence[int], ns: str | None, start: int, stop: int) -> int | None:
+        """The first position in [start, stop) whose window is in a recent text of ns (at any offset)."""
         stop = min(stop, min(len(ids), MAX_INDEXED_TOKENS) - WINDOW + 1)
-        return next((i for i in range(start, stop) if _window_hash(ids, i) in self._windows), None)
+        return next((i for i in range(start, stop) if _window_hash(ids, i, WINDOW, ns) in self._windows), None)
 
-    def _hits_from(self, ids: Sequence[int], start: int | None) -> int:
+    def _hits_from(self, ids: Sequence[int], ns: str | None, start: int | None) -> int:
         """How many of the windows at start, start + W, ... are in recent texts (0 without a start)."""
         if start is None:
             return 0
         end = min(len(ids), MAX_INDEXED_TOKENS) - WINDOW + 1
-        return sum(_window_hash(ids, i) in self._windows for i in range(start, end, WINDOW))
+        return sum(_window_hash(ids, i, WINDOW, ns) in self._windows for i in range(start, end, WINDOW))
 
     def _remember(self, recent: _Recent) -> None:
         serial = self._serial = self._serial + 1

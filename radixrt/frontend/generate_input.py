@@ -17,6 +17,7 @@ the field), those that change nothing in the answer in IGNORED_FIELDS.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
@@ -27,7 +28,8 @@ from radixrt.sampling_params import Int64, NonNegInt, SamplingParams, SamplingPa
 
 DEFAULT_MAX_N = 128
 TokenIds = list[NonNegInt]
-Salt = Annotated[str, msgspec.Meta(max_length=4096)]
+SALT_MAX_CHARS = 4096  # a cache_salt or extra_key at most
+Salt = Annotated[str, msgspec.Meta(max_length=SALT_MAX_CHARS)]
 
 
 class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -43,8 +45,8 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     return_text_in_logprobs: bool = False
     stream: bool = False
     log_metrics: bool = True  # false: the request is left out of /metrics (health probes)
-    # The prefix-cache namespace is cache_salt + extra_key (concatenated, as SGLang's OpenAI routes
-    # combine them); cache_salt is radixrt's native spelling, extra_key SGLang's.
+    # The prefix-cache namespace of cache_salt and extra_key (cache_namespace: either alone as SGLang
+    # has it, the two together never colliding); cache_salt is radixrt's native spelling, extra_key SGLang's.
     cache_salt: Union[Salt, list[Salt], None] = None
     extra_key: Union[Salt, list[Salt], None] = None
     # Not SGLang's field, but sglang-router adds it to what it forwards (and SGLang's /generate drops
@@ -180,11 +182,29 @@ class GenerateInput:
         return cls(items, is_batch)
 
 
+def _check_call_size(prompts: int, params: list[SamplingParams], most: int | None, field: str) -> None:
+    """Refuse a call of more than `most` requests (its prompts, times each one's n once params are known)."""
+    total = sum(p.n for p in params) if params else prompts
+    if most is not None and total > most:
+        raise RequestError(f"this call makes {total} requests ({prompts} prompts, times n); this server allows at "
+                           f"most {most} per call (--max-requests-per-call)", field)
+
+
 def cache_namespace(cache_salt: str | None, extra_key: str | None) -> str | None:
-    """SGLang's rule (serving_base._compute_extra_key): the non-empty ones of cache_salt and
-    extra_key, concatenated in that order; None when both are empty."""
-    parts = [p for p in (cache_salt, extra_key) if p]
-    return "".join(parts) if parts else None
+    """The prefix-cache namespace of cache_salt and extra_key; None when both are empty.
+
+    SGLang (serving_base._compute_extra_key) concatenates the non-empty ones, so salt "tenant"
+    with extra_key "A" reads the cache of salt "tenantA": a client whose salt a gateway sets could
+    reach another tenant's namespace through extra_key. Here one of them alone keeps SGLang's value
+    (itself), and the two together are the JSON pair ["salt", "key"]. Injective but for that shared
+    single value: a lone value that starts with "[" gets one more "[" in front, so it can never
+    spell a pair (pairs start with '["', escaped lone values with "[[")."""
+    if cache_salt and extra_key:
+        return json.dumps([cache_salt, extra_key], ensure_ascii=False)
+    alone = cache_salt or extra_key
+    if not alone:
+        return None
+    return "[" + alone if alone.startswith("[") else alone
 
 
 def _max_tokens_given(sp: SamplingParamsIn | None) -> bool:

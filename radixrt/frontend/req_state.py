@@ -21,6 +21,7 @@ class ReqState:
     return_logprob: bool = False
     return_text_in_logprobs: bool = False
     log_metrics: bool = True  # false: the metrics observer never sees it (health probes)
+    cache_namespace: str | None = None  # generate_input.cache_namespace (the cache diagnosis keeps them apart)
     weight_version: str = "default"  # the weights that serve it (SGLang's label; a weight update may set it)
     output_ids: list[int] = field(default_factory=list)
     finish: FinishReason | None = None

@@ -259,9 +259,10 @@ class TokenizerManager:
         for p in prepared:
             it = p.item
             rid = it.rid or uuid.uuid4().hex
-            detok = IncrementalDetokenizer(self.tokenizer, it.sampling)
+            detok = IncrementalDetokenizer(self.tokenizer, it.sampling, p.stops)
             states.append(ReqState(rid, p.ids, it.sampling, detok, notify, it.return_logprob, it.return_text_in_logprobs,
-                                   log_metrics=it.log_metrics, weight_version=self.weights.version))
+                                   log_metrics=it.log_metrics, weight_version=self.weights.version,
+                                   cache_namespace=it.cache_salt))
             msgs.append(TokenizedRequest(rid, p.ids, it.sampling, it.return_logprob, p.logprob_start,
                                          it.top_logprobs_num, it.cache_salt))
         with self._lock:
@@ -427,7 +428,8 @@ class TokenizerManager:
                 continue
             if out.finish is not None and state.log_metrics:
                 try:
-                    self.cache_report.observe(state.prompt_ids, out.cached_tokens, state.output_ids + out.new_ids)
+                    self.cache_report.observe(state.prompt_ids, out.cached_tokens, state.output_ids + out.new_ids,
+                                              state.cache_namespace)
                 except Exception:  # noqa: BLE001 - a diagnosis must not cost a request its answer
                     logger.exception("the cache diagnosis failed on %s", out.rid)
             if self._observer is not None and state.log_metrics:

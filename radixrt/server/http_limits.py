@@ -1,4 +1,5 @@
-"""A deadline for receiving each HTTP request, which uvicorn does not have.
+"""A deadline for receiving each HTTP request, which uvicorn does not have, and a
+connection limit that /health is exempt from.
 
 uvicorn closes a keep-alive connection after a few idle seconds, but any byte
 cancels that timer and nothing replaces it: a client that sends half a
@@ -8,6 +9,14 @@ more timer: from the moment a connection opens, or a new request's first
 byte arrives, the whole request (headers and body) must be in within
 `seconds`, or the connection is closed. Once a request is read the timer
 stops; answering (streaming included) takes as long as it takes.
+
+The limit is uvicorn's (--max-connections as limit_concurrency): once that many
+connections are open, idle ones included, every request gets 503, so 150 idle
+sockets against a limit of 100 made /health answer 503 until the read deadline,
+and an orchestrator would restart a server that only had too many clients.
+uvicorn reads `limit_concurrency` right after parsing a request's head, with the
+request's scope in place; here it reads as no limit for GET /health, which is
+answered before the limit applies (it costs no more than the 503 would).
 """
 
 from __future__ import annotations
@@ -18,11 +27,24 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 RECEIVING = (h11.IDLE, h11.SEND_BODY)  # the client's side of the cycle while a request is still coming
+UNLIMITED = (("GET", "/health"), ("HEAD", "/health"))  # answered beyond the connection limit
 
 
 def read_deadline_protocol(seconds: float) -> type[H11Protocol]:
     class ReadDeadlineProtocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
+        _limit: int | None = None
+
+        @property  # type: ignore[override]
+        def limit_concurrency(self) -> int | None:
+            scope = getattr(self, "scope", None)  # the request whose head was just parsed
+            if scope is not None and (scope["method"], scope["path"]) in UNLIMITED:
+                return None
+            return self._limit
+
+        @limit_concurrency.setter
+        def limit_concurrency(self, value: int | None) -> None:
+            self._limit = value
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)

@@ -6,7 +6,8 @@ Every handler reads its body under --max-request-bytes, decodes it into a
 typed struct (radixrt/server/schemas.py), submits through the
 TokenizerManager (tokenizing off the event loop) and awaits its requests on
 the event loop (the manager's receiving thread wakes it). A client that goes
-away aborts its requests, so their pages come back.
+away aborts its requests, so their pages come back. Keys: access.py; a route
+that takes no key refuses what a web page could send instead (browser_guard.py).
 
 Errors: a RequestError (the client's mistake) is a 400 naming the field; a
 request that failed in the backend is its status (500 our bug, 503 the backend
@@ -16,51 +17,37 @@ other exception is a 500 with its traceback logged, never a dead server.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
 from radixrt.frontend.tokenizer_manager import BackendDied
-from radixrt.server.http_common import ApiError, ServerContext, counted, error_response
+from radixrt.server.access import bearer_matches, required_key  # noqa: F401 - also imported from here
+from radixrt.server.browser_guard import BrowserGuard
+from radixrt.server.http_common import ApiError, ServerContext, counted, error_response, internal_error
 from radixrt.server.native_api import add_native_routes
 from radixrt.server.openai_api import add_openai_routes
 from radixrt.server.schemas import openapi_schemas
 
 logger = logging.getLogger(__name__)
-OPEN_PREFIXES = ("/health", "/metrics")  # probes and scrapers need no key (as in SGLang)
-ADMIN_PATHS = ("/abort_request", "/flush_cache", "/update_weights_from_disk")  # SGLang's ADMIN_OPTIONAL routes
-
-
-def bearer_matches(header: str | None, key: str) -> bool:
-    """'Authorization: Bearer <key>', the scheme in any case, compared in constant time."""
-    scheme, _, token = (header or "").strip().partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
-
-
-def required_key(path: str, args: ServerArgs, method: str = "GET") -> str | None:
-    """SGLang's auth levels: every /health* route, /metrics and CORS preflights (OPTIONS) are open;
-    admin routes take admin_api_key when set, else api_key; every other route takes api_key (when set)."""
-    if path.startswith(OPEN_PREFIXES) or method == "OPTIONS":
-        return None
-    if path in ADMIN_PATHS:
-        return args.admin_api_key or args.api_key
-    return args.api_key
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
     app = FastAPI(title="radixrt", version=ctx.version)
     app.state.ctx = ctx
+    browser = BrowserGuard(ctx.args)
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
         key = required_key(request.url.path, ctx.args, request.method)
         if key and not bearer_matches(request.headers.get("authorization"), key):
             return _answer(ctx, ApiError(401, "invalid or missing API key", type="authentication_error", cause="auth"))
+        refused = None if key else browser.refusal(request.method, request.url.path, request.headers)
+        if refused is not None:  # a route without a key: what a web page could send is refused
+            return _answer(ctx, refused)
         try:
             return await call_next(request)
         except ApiError as e:
@@ -73,8 +60,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
             return _answer(ctx, ApiError(503, str(e), type="server_error", cause="timeout"))
         except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, answered, survived
             logger.exception("internal error on %s %s", request.method, request.url.path)
-            return _answer(ctx, ApiError(500, f"internal server error ({type(e).__name__}); see the server log",
-                                         type="server_error", cause="internal"))
+            return _answer(ctx, internal_error(e))
 
     add_native_routes(app, ctx)
     add_openai_routes(app, ctx)

@@ -153,7 +153,13 @@ class _SchedulerCollector:
 
 
 class _CacheReportCollector:
-    """Gauges from CacheDiagnosis.report() (radixrt/frontend/cache_report.py), over its recent requests."""
+    """Gauges from CacheDiagnosis.report() (radixrt/frontend/cache_report.py), over its recent requests.
+
+    Open like the rest of /metrics: the diagnosis compares each request only with texts of its own
+    cache namespace, so what one request does to these gauges depends on its own namespace alone
+    and tells nobody whether a text is in another tenant's prompts (a right guess moves them exactly
+    as a wrong one). They reveal per-request figures of the kind SGLang's cached-fraction and
+    prompt-length histograms beside them already do."""
 
     def __init__(self, report: Callable[[], dict[str, Any]]) -> None:
         self._report = report

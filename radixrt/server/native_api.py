@@ -3,7 +3,6 @@ routes (/flush_cache, /abort_request) and /metrics, built from http_common.py.""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import asdict
 from typing import AsyncIterator
 
@@ -62,16 +61,13 @@ def _add_health(app: FastAPI, ctx: ServerContext) -> None:
             return error_response(ApiError(503, why, type="server_error"))
         return Response(status_code=200)
 
+    probe = HealthProbe(ctx)  # single-flight, its answer reused for a second: an open route is no load source
+
     @app.get("/health_generate")
-    async def health_generate(request: Request) -> Response:
-        probe = GenerateInput.build(input_ids=[0], sampling_params={"max_new_tokens": 1}, log_metrics=False)
-        sub = await Submission.start(ctx, probe)
-        try:
-            await asyncio.wait_for(sub.wait(request), 20)
-        except asyncio.TimeoutError:
-            sub.abort()
-            return error_response(ApiError(503, "generation did not answer within 20 s", type="server_error"))
-        sub.check()
+    async def health_generate() -> Response:
+        why = await probe.check()
+        if why is not None:
+            raise ApiError(why.status, why.message, why.param, why.type, why.cause)  # each caller its own error
         return Response(status_code=200)
 
 
@@ -123,10 +119,14 @@ def _add_admin(app: FastAPI, ctx: ServerContext) -> None:
 
 def _add_cache_report(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/cache_report")
-    def cache_report(first_n: int = CACHE_REPORT_FIRST_N) -> Response:
+    def cache_report(request: Request, first_n: int = CACHE_REPORT_FIRST_N, cache_salt: str | None = None,
+                     extra_key: str | None = None) -> Response:
+        """The caller's namespace (cache_salt / extra_key in the query); every namespace for an admin who
+        names none (access.cache_report_scope)."""
         if first_n < 1:
             raise ApiError(400, f"first_n must be >= 1, got {first_n}", param="first_n")
-        return json_response(ctx.manager.cache_report.report(first_n))
+        only = cache_report_scope(ctx.args, request.headers.get("authorization"), cache_salt, extra_key)
+        return json_response(ctx.manager.cache_report.report(first_n, only))
 
 
 async def _native_stream(sub: Submission) -> AsyncIterator[bytes]:

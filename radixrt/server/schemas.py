@@ -69,7 +69,7 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     user: str | None = None
     response_format: ResponseFormat | None = None
     rid: Union[str, list[str], None] = None
-    # The prefix-cache namespace: cache_salt + extra_key, concatenated (SGLang's rule)
+    # The prefix-cache namespace of the two (generate_input.cache_namespace: never ambiguous)
     cache_salt: Salt | None = None
     extra_key: Salt | None = None
     # SGLang's extra sampling fields
