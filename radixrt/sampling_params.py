@@ -37,6 +37,13 @@ UNSUPPORTED_FIELDS: dict[str, Any] = {"stop_regex": None, "structural_tag": None
 # Values that ask for nothing, whatever a field's default: SGLang's clients send these for "unset".
 EMPTY_VALUES: tuple[Any, ...] = (None, False, 0, "", [], {})
 CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")  # a grammar the output must follow; at most one
+# Stop conditions a request may carry: far more than any client needs (OpenAI takes 4 stop strings),
+# and the bound of what one costs. A list's automaton (radixrt/utils/stop_strings.py) is built
+# once per request, O(its characters) like tokenizing a prompt that long; each step then costs
+# O(new text). Constants, not flags: the scheduler re-checks every request it receives with them.
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 1024
 
 
 class SamplingParamsIn(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -161,11 +168,24 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require(-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]", self.presence_penalty)
         _require(0 < self.repetition_penalty <= 2, "repetition_penalty", "must be in (0, 2]", self.repetition_penalty)
         _require(self.n >= 1, "n", "must be >= 1", self.n)
+        self._check_stop_sizes()
         _require(all(s for s in self.stop), "stop", "must not contain empty strings", self.stop)
         given = [k for k in CONSTRAINT_FIELDS if getattr(self, k)]
         if len(given) > 1:
             raise RequestError(f"sampling_params: give at most one of regex, json_schema and ebnf, got {' and '.join(given)}",
                                given[0])
+
+    def _check_stop_sizes(self) -> None:
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise RequestError(f"sampling_params.stop has {len(self.stop)} strings; at most {MAX_STOP_STRINGS} "
+                               "are allowed", "stop")
+        longest = max(self.stop, key=len, default="")
+        if len(longest) > MAX_STOP_STRING_CHARS:
+            raise RequestError(f"sampling_params.stop has a string of {len(longest)} characters; at most "
+                               f"{MAX_STOP_STRING_CHARS} are allowed", "stop")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise RequestError(f"sampling_params.stop_token_ids has {len(self.stop_token_ids)} ids; at most "
+                               f"{MAX_STOP_TOKEN_IDS} are allowed", "stop_token_ids")
 
     @property
     def plain_greedy(self) -> bool:

@@ -17,8 +17,9 @@ from server_proc import assert_healthy_and_idle, running_server
 
 CONTEXT = 256
 MAX_BYTES = 8 << 20  # below the default, so that a body just under it (about 8 s to tokenize) keeps the test short
+# --max-requests-per-call above the default: the heavy-tokenizing test sends a batch of ~35k prompts
 ARGS = ("--page-size", "16", "--max-total-tokens", "8192", "--context-length", str(CONTEXT),
-        "--max-request-bytes", str(MAX_BYTES), "--request-read-timeout", "2")
+        "--max-request-bytes", str(MAX_BYTES), "--request-read-timeout", "2", "--max-requests-per-call", "65536")
 LONG = {"max_new_tokens": 200, "ignore_eos": True}
 
 

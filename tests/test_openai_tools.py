@@ -121,13 +121,15 @@ def test_chat_template_override_and_parser_names_are_checked_at_start(tmp_path, 
 
     from helpers import tokenizer
     from radixrt.config import ServerArgs
+    from radixrt.frontend.text_bound import TextBound
     from radixrt.server.openai_api import _chat_ids
     from radixrt.server.schemas import ChatCompletionRequest
 
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}")
     args = ServerArgs(model_path=str(llama_path), chat_template=str(template))
-    ctx = SimpleNamespace(args=args, manager=SimpleNamespace(tokenizer=tokenizer(llama_path)))
+    manager = SimpleNamespace(tokenizer=tokenizer(llama_path), text_bound=TextBound(4096, 16))
+    ctx = SimpleNamespace(args=args, manager=manager)
     body = msgspec.convert({"messages": [{"role": "user", "content": "hi there"}]}, ChatCompletionRequest)
     assert tokenizer(llama_path).decode(_chat_ids(ctx, body, None)) == "[user]hi there"
     with pytest.raises(ValueError, match="chat_template"):

@@ -1,7 +1,9 @@
 """Text from output ids: incremental for streams, trimmed at stop strings and stop tokens.
 
 Streams hold back any tail that could still become a stop string, so the
-chunks a client joins always equal the final text.
+chunks a client joins always equal the final text. The stop strings are looked
+for with an automaton fed only each update's new text (radixrt/utils/stop_strings.py),
+so a stream's update costs O(new text), whatever the number of stop strings.
 
 skip_special_tokens and spaces_between_special_tokens go to the tokenizer's
 decode, as SGLang's detokenizer passes them: a tokenizer that honours the
@@ -15,58 +17,45 @@ from typing import Any
 
 from radixrt.messages import FinishReason
 from radixrt.sampling_params import SamplingParams
+from radixrt.utils.incremental_text import IncrementalDecoder
+from radixrt.utils.stop_strings import StopScan, StopStrings
 
-REPLACEMENT = "\ufffd"  # decoded from an incomplete UTF-8 sequence
 
-
-class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
-        self.tokenizer = tokenizer
-        self.params = params
+class IncrementalDetokenizer(IncrementalDecoder):
+    def __init__(self, tokenizer: Any, params: SamplingParams, stops: StopStrings | None = None) -> None:
+        """stops: the automaton of params.stop, when the caller has it built (else built here, if needed)."""
+        super().__init__(tokenizer, params)
         self.text = ""  # decoded and stable
-        self._prefix = 0  # ids before this only give context to the next decode
-        self._read = 0  # ids before this are in self.text
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(
-            ids, skip_special_tokens=self.params.skip_special_tokens, clean_up_tokenization_spaces=False,
-            spaces_between_special_tokens=self.params.spaces_between_special_tokens,
-        )
+        self.stops = stops if stops is not None or not params.stop else StopStrings(params.stop)
+        self._scan = StopScan(self.stops) if self.stops is not None else None
 
     def update(self, ids: list[int]) -> str:
         """Advance over all of ids (the whole output so far); returns the stable text."""
-        prefix_text = self._decode(ids[self._prefix : self._read])
-        full = self._decode(ids[self._prefix :])
-        if len(full) > len(prefix_text) and not full.endswith(REPLACEMENT):
-            self.text += full[len(prefix_text) :]
-            self._prefix, self._read = self._read, len(ids)
+        self.text += self.advance(ids)
         return self.text
 
     def final_text(self, ids: list[int], finish: FinishReason | None) -> str:
         """The whole output's text, trimmed as the request finished."""
         if finish is not None and isinstance(finish.matched, int) and not self.params.no_stop_trim:
             ids = ids[:-1]  # the matched stop token is not part of the text
-        return trim_stop(self._decode(ids), self.params)
+        return trim_stop(self.decode(ids), self.params, self.stops)
 
     def stream_text(self, ids: list[int]) -> str:
         """Text safe to show mid-stream: stable, trimmed, with a possible stop-string start held back."""
-        text = trim_stop(self.update(ids), self.params)
-        return text[: len(text) - _stop_prefix_len(text, self.params.stop)]
+        text = self.update(ids)
+        scan = self._scan
+        if scan is None:
+            return text
+        scan.feed(text[scan.pos :])
+        if scan.first is None or self.params.no_stop_trim:
+            return text[: len(text) - scan.held]
+        text = text[: scan.first]  # a stop string that did not end the request (before min_new_tokens)
+        return text[: len(text) - self.stops.held_after(text)]
 
 
-def trim_stop(text: str, params: SamplingParams) -> str:
+def trim_stop(text: str, params: SamplingParams, stops: StopStrings | None = None) -> str:
+    """text cut where its first stop string starts (unless no_stop_trim). stops: params.stop's automaton."""
     if params.no_stop_trim or not params.stop:
         return text
-    cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
-    return text[: min(cuts)] if cuts else text
-
-
-def _stop_prefix_len(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
+    cut = (stops or StopStrings(params.stop)).first_start(text)
+    return text if cut is None else text[:cut]

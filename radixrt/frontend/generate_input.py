@@ -151,10 +151,14 @@ class GenerateInput:
         return cls.from_request(req, max_n)
 
     @classmethod
-    def from_request(cls, req: GenerateRequest, max_n: int = DEFAULT_MAX_N) -> GenerateInput:
+    def from_request(cls, req: GenerateRequest, max_n: int = DEFAULT_MAX_N,
+                     max_requests: int | None = None) -> GenerateInput:
+        """max_requests: the most requests (prompts times n) the call may make (None: any; the
+        Engine's offline batches); a larger call is refused before its prompts are looked at."""
         refuse_unsupported(req, UNSUPPORTED_FIELDS)
         prompts, ids, is_batch = _prompts(req.text, req.input_ids)
         n = len(prompts if prompts is not None else ids)
+        _check_call_size(n, [], max_requests, "text" if prompts is not None else "input_ids")
         raw_params = _per_item(req.sampling_params, n, "sampling_params")
         converted: dict[int, SamplingParams] = {}  # a shared sampling_params object is validated once
         for p in raw_params:
@@ -164,6 +168,7 @@ class GenerateInput:
         for p in params:
             if p.n > max_n:
                 raise RequestError(f"sampling_params.n is {p.n}; this server allows at most {max_n} (--max-n)", "n")
+        _check_call_size(n, params, max_requests, "n")
         rids = _per_item(req.rid, n, "rid")
         lps = _per_item(req.return_logprob, n, "return_logprob")
         starts = _per_item(req.logprob_start_len, n, "logprob_start_len")

@@ -36,6 +36,7 @@ from radixrt.frontend.cache_report import CacheDiagnosis
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
 from radixrt.frontend.generate_input import GenerateInput, GenerateItem
 from radixrt.frontend.req_state import ReqState
+from radixrt.frontend.text_bound import TextBound
 from radixrt.frontend.sampling_defaults import model_sampling_defaults
 from radixrt.frontend.weights import ServedWeights, UpdateWeightsResult
 from radixrt.ipc import Receiver, Sender
@@ -58,12 +59,10 @@ from radixrt.messages import (
 from radixrt.sampling_params import SamplingParams
 from radixrt.utils.checkpoint_meta import incompatibility
 from radixrt.utils.procs import Addresses
+from radixrt.utils.stop_strings import StopStrings, StopStringsCache
 
 logger = logging.getLogger(__name__)
 TOKENIZE_THREADS = 4
-# A normalizer may grow text (NFKC: one ligature becomes two letters); the cheap length
-# bound divides by this much more than the longest token, so it never refuses a prompt that fits.
-NORMALIZE_SLACK = 4
 
 
 class BackendDied(RuntimeError):
@@ -77,6 +76,7 @@ class PreparedReq:
     ids: list[int]
     item: GenerateItem
     logprob_start: int
+    stops: StopStrings | None = None  # the automaton of its stop strings, built off the event loop
 
 
 @dataclass
@@ -116,6 +116,8 @@ class TokenizerManager:
         self._grammars: GrammarCompiler | None = None  # made on the first constrained request
         self._grammar_lock = threading.Lock()
         self.max_token_bytes = max(len(t.encode("utf-8", "replace")) for t in self.tokenizer.get_vocab()) or 1
+        self.text_bound = TextBound(self.context_length, self.max_token_bytes)  # prompt text that could fit
+        self._stop_strings = StopStringsCache()  # a call's n samples (and repeated lists) build theirs once
         self._check_alive = check_alive  # -> None, or why the backend is gone
         self._observer = observer  # sees every output before it is applied (metrics)
         # why prompts miss the prefix cache: fed with every finished request (GET /cache_report)
@@ -146,16 +148,9 @@ class TokenizerManager:
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise RequestError(f"prompt must be a string, got {type(prompt).__name__}", "text")
+            # a text that cannot fit is refused (or cut) before the tokenizer spends seconds on it
+            prompt = self.text_bound.fit(prompt, bounded, self.args.allow_auto_truncate, "text")
             _check_unicode(prompt, "text")
-            # No token is longer than max_token_bytes, so a text this long cannot fit: refuse
-            # (or cut) it before the tokenizer spends seconds on it.
-            cap = (room + 1) * self.max_token_bytes * NORMALIZE_SLACK
-            if len(prompt) > cap:
-                if not self.args.allow_auto_truncate:
-                    raise RequestError(
-                        f"the prompt has at least {len(prompt) // (self.max_token_bytes * NORMALIZE_SLACK)} tokens; "
-                        f"the context length is {self.context_length}", "text")
-                prompt = prompt[:cap]
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
             bad = [i for i in input_ids if not 0 <= i < self.vocab_size]
@@ -183,7 +178,8 @@ class TokenizerManager:
             item = self._fit_to_context(item, len(ids))
             self._check_item(item)
             start = _logprob_start(len(ids), item.return_logprob, item.logprob_start_len, item.top_logprobs_num)
-            out.append(PreparedReq(ids, item, start))
+            stops = self._stop_strings.get(item.sampling.stop) if item.sampling.stop else None
+            out.append(PreparedReq(ids, item, start, stops))
         return out
 
     def _fit_to_context(self, item: GenerateItem, prompt_len: int) -> GenerateItem:

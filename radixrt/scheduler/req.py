@@ -11,6 +11,7 @@ from radixrt.messages import FinishReason, TokenizedRequest, TopLogprobs
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.kv_handle import KVHandle
 from radixrt.scheduler.retention import RetentionBudget
+from radixrt.scheduler.stop_state import StopState
 
 
 def longrope_namespace(salt: str | None, long_rope: bool) -> str | None:
@@ -43,6 +44,7 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     kv: KVHandle = field(default_factory=KVHandle)  # its pages (KVMemory writes, everyone else reads)
     grammar: Matcher | None = None  # a constrained request's position in its grammar
+    stops: StopState | None = None  # its stop check's progress (scheduler/stop.py makes it at the first check)
     recompute_len: int = 0  # tokens of KV it had when retracted to recompute
     cached_tokens: int = -1  # prompt tokens reused from the prefix cache at first admission (-1: not yet)
     slot: int | None = None  # worker slot while running

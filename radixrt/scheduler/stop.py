@@ -1,4 +1,9 @@
-"""Finish checks after each sampled token: stop ids, stop strings, length, context."""
+"""Finish checks after each sampled token: stop ids, stop strings, length, context.
+
+A step's check costs O(new tokens): stop ids are a set, and stop strings are
+found by an automaton fed only the text the new tokens add (Req.stops keeps
+its place), never by searching a decoded tail for each string.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,9 @@ from typing import Any
 
 from radixrt.messages import FinishReason
 from radixrt.scheduler.req import Req
+from radixrt.scheduler.stop_state import StopState
+from radixrt.utils.incremental_text import IncrementalDecoder
+from radixrt.utils.stop_strings import StopScan, StopStringsCache
 
 
 class StopChecker:
@@ -13,6 +21,7 @@ class StopChecker:
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_ids)
         self.context_length = context_length
+        self._automata = StopStringsCache()  # the n samples of a prompt share their stop list's
 
     def stop_ids(self, r: Req) -> list[int]:
         """Ids that end r (the worker bans them until min_new_tokens)."""
@@ -22,26 +31,22 @@ class StopChecker:
     def check(self, r: Req, new: int = 1) -> FinishReason | None:
         """After r gained `new` output tokens (1 sampled, or more forced by its grammar)."""
         sp, tok = r.sampling, r.output_ids[-1]
+        stops = r.stops if r.stops is not None else self._start(r)
+        matched = stops.advance(r.output_ids)  # every step, so the text is scanned once, in order
         if r.output_len >= sp.min_new_tokens:
-            if (tok in self.eos_ids and not sp.ignore_eos) or tok in sp.stop_token_ids:
+            if (tok in self.eos_ids and not sp.ignore_eos) or tok in stops.ids:
                 return FinishReason("stop", matched=tok)
-            if sp.stop:
-                matched = self._stop_string(r, new)
-                if matched is not None:
-                    return FinishReason("stop", matched=matched)
+            if matched is not None:
+                return FinishReason("stop", matched=matched)
         # a request under a retention policy keeps bounded KV: the context does not end it
         if r.output_len >= sp.max_new_tokens or (r.seq_len >= self.context_length and r.retention is None):
             return FinishReason("length", length=r.output_len)
         return None
 
-    def _stop_string(self, r: Req, new: int) -> str | None:
-        # A stop string of b bytes spans at most b tokens (every token is at
-        # least one byte), plus one for a token that straddles its start; it may end
-        # in any of the new tokens.
-        tail_len = max(len(s.encode()) for s in r.sampling.stop) + new
-        tail = self.tokenizer.decode(
-            r.output_ids[-tail_len:],
-            skip_special_tokens=r.sampling.skip_special_tokens,
-            clean_up_tokenization_spaces=False,
-        )
-        return next((s for s in r.sampling.stop if s in tail), None)
+    def _start(self, r: Req) -> StopState:
+        sp = r.sampling
+        r.stops = StopState(frozenset(sp.stop_token_ids))
+        if sp.stop:
+            r.stops.text = IncrementalDecoder(self.tokenizer, sp)
+            r.stops.scan = StopScan(self._automata.get(sp.stop))
+        return r.stops

@@ -165,9 +165,13 @@ def _split_prompt(prompt: Any) -> tuple[Any, Any]:
 def _chat_ids(ctx: ServerContext, body: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> list[int]:
     """The prompt's token ids: the messages through the chat template (SGLang's rules for a last
     assistant message), then the continued message's own tokens if continue_final_message."""
-    messages, prefix = _final_assistant(_template_messages(body), body.continue_final_message)
-    tokenizer = ctx.manager.tokenizer
+    flat = _template_messages(body)
     named = named_template(ctx.args.chat_template)  # a name wins over a file, as in SGLang
+    # /generate's character bound, before the template and the tokenizer see the text (named templates render no tools)
+    ctx.manager.text_bound.fit_messages(flat, tools if named is None else None, ctx.args.retention.active,
+                                        ctx.args.allow_auto_truncate)
+    messages, prefix = _final_assistant(flat, body.continue_final_message)
+    tokenizer = ctx.manager.tokenizer
     template = _template_file(ctx.args.chat_template) if ctx.args.chat_template and named is None else None
     if named is None and not template and not getattr(tokenizer, "chat_template", None):
         raise RequestError("this model has no chat template; use /v1/completions", "messages")
