@@ -20,7 +20,7 @@ ENDLESS_ARRAY = {"type": "array", "minItems": 1, "items": {"$ref": "#"}}  # [[[[
 # (path, body): each forced text is endless or ten million bytes; before the bound the first
 # three grew the scheduler until it was killed and the last blocked every request for 11 s.
 FORCED = [
-    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": N, "ebnf": 'root ::= "a" root'}}),
+    ("/generate", {"text": "x", "rid": "endless", "sampling_params": {"max_new_tokens": N, "ebnf": 'root ::= "a" root'}}),
     ("/v1/completions", {"prompt": "x", "max_tokens": N, "ebnf": 'root ::= "a" root'}),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": N,
                               "response_format": {"type": "json_schema",
@@ -53,8 +53,9 @@ def test_endless_and_long_forced_texts_finish_by_max_new_tokens(server):
         seconds, r = unrelated.result()
         assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4 and seconds < 2
     assert server_info(server)["jump_forward_tokens"] - jumped > len(FORCED) * N // 2  # they did jump
-    text = requests.post(server + FORCED[0][0], json=FORCED[0][1], timeout=60).json()["text"]
-    assert text == "a" * len(text) and len(text) >= N
+    again = requests.post(server + FORCED[0][0], json=FORCED[0][1], timeout=60).json()  # its rid is free again
+    text = again["text"]
+    assert again["meta_info"]["id"] == "endless" and text == "a" * len(text) and len(text) >= N
     assert_healthy_and_idle(server)
 
 
