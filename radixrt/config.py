@@ -15,6 +15,7 @@ from radixrt.retention import POLICIES, SERVER_NAMES, Retention
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
+CPU_MATMUL_DTYPES = ("auto", "model", "float32")  # radixrt/models/cpu_matmul.py
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 TOOL_CALL_PARSERS = ("hermes", "qwen25", "llama3")  # radixrt/server/tool_calls.py
 CHAT_TEMPLATE_NAMES = (  # radixrt/server/chat_templates.py
@@ -84,6 +85,11 @@ class ServerArgs:
         "checkpoint runs in float16 on CUDA (bfloat16 for Gemma), as in SGLang; on CPU config.json's"
     )
     device: str = _arg("auto", "cpu, cuda or auto (cuda when available)")
+    cpu_matmul_dtype: str = _arg(
+        "auto", "on CPU, what a bfloat16/float16 model's linear layers compute in: model (its dtype), float32 (exact "
+        "float32 copies of its weights; faster where the CPU has no half GEMM units), or auto: from the CPU's flags "
+        "(amx_bf16, avx512_bf16; amx_fp16, avx512_fp16), confirmed by an interleaved measurement"
+    )
     context_length: int | None = _arg(None, "maximum tokens per sequence (default: the model's max_position_embeddings)")
     page_size: int = _arg(1, "tokens per KV page")
     max_total_tokens: int | None = _arg(None, "KV pool size in tokens (overrides mem_fraction_static)")
@@ -194,6 +200,8 @@ class ServerArgs:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.cpu_matmul_dtype not in CPU_MATMUL_DTYPES:
+            raise ValueError(f"cpu_matmul_dtype must be one of {CPU_MATMUL_DTYPES}, got {self.cpu_matmul_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.page_size < 1:

@@ -345,6 +345,8 @@ class WorkerReady(msgspec.Struct, tag=True):
     # bounded-KV retention: why this worker cannot run a policy ("" : it can), per policy
     retention_refusals: dict[str, str] = {}
     memory: WorkerMemory | None = None  # rank 0's, once loaded
+    matmul_dtype: str = ""  # what the linear layers compute in (models/cpu_matmul.py), and why
+    matmul_dtype_reason: str = ""
 
 
 class SchedulerReady(msgspec.Struct, tag=True):

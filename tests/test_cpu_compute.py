@@ -8,6 +8,10 @@ embedding keeps its dtype.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -61,13 +65,51 @@ def test_float32_weights_keep_the_bf16_model(family, model_paths):
         assert torch.equal(got.argmax(-1)[clear], reference.argmax(-1)[clear])
 
 
-def test_the_faster_matmul_is_chosen(monkeypatch):
-    monkeypatch.setattr(cpu_matmul, "measure_matmul", lambda dtype: (6.0, 1.0))  # no half GEMM units
-    assert choose_matmul_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
-    monkeypatch.setattr(cpu_matmul, "measure_matmul", lambda dtype: (1.0, 1.1))  # native half GEMM
-    assert choose_matmul_dtype(torch.bfloat16, torch.device("cpu")) == torch.bfloat16
-    assert choose_matmul_dtype(torch.float32, torch.device("cpu")) == torch.float32
-    assert choose_matmul_dtype(torch.bfloat16, torch.device("cuda")) == torch.bfloat16
+CPU = torch.device("cpu")
+BF16_UNITS = frozenset({"avx2", "avx512f", "avx512_bf16"})
+NO_UNITS = frozenset({"avx2", "fma"})
+
+
+@pytest.mark.parametrize("flags,ratio,chosen", [
+    (BF16_UNITS, 0.25, torch.bfloat16),  # units, and measured faster: bf16
+    (BF16_UNITS, 1.5, torch.bfloat16),  # units, float32 a little faster: the flags hold
+    (BF16_UNITS, 3.0, torch.float32),  # units that the measurement decisively contradicts
+    (NO_UNITS, 6.0, torch.float32),  # no units (AVX2): float32
+    (NO_UNITS, 0.8, torch.float32),  # no units, bf16 a little faster: the flags hold
+    (NO_UNITS, 0.3, torch.bfloat16),  # decisively faster without the flags saying so
+    (None, 1.2, torch.bfloat16),  # no flags to read: the measurement alone, MIN_SPEEDUP
+    (None, 1.3, torch.float32),
+])
+def test_the_matmul_dtype_comes_from_the_flags_and_a_measurement_confirms_it(monkeypatch, flags, ratio, chosen):
+    monkeypatch.setattr(cpu_matmul, "measure_matmul", lambda dtype: ratio)
+    monkeypatch.setattr(cpu_matmul, "cpu_flags", lambda: flags)
+    choice = choose_matmul_dtype(torch.bfloat16, CPU)
+    assert choice.dtype == chosen and choice.reason
+    assert choose_matmul_dtype(torch.bfloat16, CPU, "model").dtype == torch.bfloat16
+    assert choose_matmul_dtype(torch.bfloat16, CPU, "float32").dtype == torch.float32
+    assert choose_matmul_dtype(torch.float32, CPU).dtype == torch.float32
+    assert choose_matmul_dtype(torch.bfloat16, torch.device("cuda")).dtype == torch.bfloat16
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_matmul.cpu_flags(info) == {"fpu", "avx2", "avx512_bf16"}
+    assert cpu_matmul.cpu_flags(tmp_path / "missing") is None
+
+
+def test_the_measured_choice_does_not_flip_while_both_cores_are_busy():
+    """The measurement alone (flags not read), 20 times while a burner spins on every core, gives
+    what it gives on a quiet machine: the candidates are timed pair by pair, so load slows both."""
+    quiet = {d: choose_matmul_dtype(d, CPU, use_flags=False).dtype for d in (torch.bfloat16, torch.float16)}
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        loaded = [choose_matmul_dtype(d, CPU, use_flags=False).dtype for _ in range(10) for d in quiet]
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert loaded == [quiet[d] for _ in range(10) for d in quiet], (quiet, loaded)
 
 
 def test_worker_env_prefers_tcmalloc_else_keeps_glibc_memory():

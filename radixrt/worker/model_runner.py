@@ -26,7 +26,7 @@ from radixrt.messages import (
     WorkerReady
 )
 from radixrt.models import ModelConfig, load_model, reload_weights
-from radixrt.models.cpu_matmul import choose_matmul_dtype, hold_linear_weights_in
+from radixrt.models.cpu_matmul import MatmulChoice, choose_matmul_dtype, hold_linear_weights_in
 from radixrt.models.dtype import resolve_dtype
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
@@ -87,9 +87,10 @@ class ModelRunner:
                 f"context_length {self.context_length} exceeds the model's max_position_embeddings {cfg.max_position_embeddings}"
             )
         self.model = load_model(args.model_path, cfg, dtype, device, self.tp)
-        matmul_dtype = choose_matmul_dtype(dtype, device)
-        if matmul_dtype != dtype:
-            hold_linear_weights_in(self.model, matmul_dtype)
+        self.matmul = self._agree_matmul(choose_matmul_dtype(dtype, device, args.cpu_matmul_dtype))
+        logger.info("linear layers compute in %s: %s", self.matmul.dtype, self.matmul.reason)
+        if self.matmul.dtype != dtype:
+            hold_linear_weights_in(self.model, self.matmul.dtype)
         _, heads, _, kv_heads = rank_heads(cfg, self.tp)
         self.bytes_per_token = PagedKVCache.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype, args.kv_cache_dtype)
         ranks_per_memory = self.tp.size if device.type == "cpu" else 1  # CPU ranks share the host's RAM
@@ -260,6 +261,14 @@ class ModelRunner:
         top = self._reduce(self.tp.size - self.tp.rank if failed else 0, torch.distributed.ReduceOp.MAX)
         return self.tp.size - top if top else None
 
+    def _agree_matmul(self, choice: MatmulChoice) -> MatmulChoice:
+        """Every rank computes as the others do: float32 if any rank chose it (ranks of one host
+        read the same flags, so they differ only where a measurement overrode them)."""
+        upcast = self._reduce(int(choice.dtype == torch.float32), torch.distributed.ReduceOp.MAX)
+        if upcast and choice.dtype != torch.float32:
+            return MatmulChoice(torch.float32, f"another rank's choice ({choice.reason} here)")
+        return choice
+
     def _agree(self, num_pages: int) -> int:
         """Every rank must hold the same pages: take the smallest pool any rank can afford."""
         return self._reduce(num_pages, torch.distributed.ReduceOp.MIN)
@@ -293,6 +302,8 @@ class ModelRunner:
             weights_fingerprint=self.fingerprint,
             retention_refusals=self.retention_refusals,
             memory=self.memory.read(),
+            matmul_dtype=str(self.matmul.dtype).removeprefix("torch."),
+            matmul_dtype_reason=self.matmul.reason,
         )
 
     @torch.inference_mode()
