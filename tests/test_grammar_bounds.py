@@ -86,7 +86,7 @@ def test_degenerate_top_p_and_penalties_keep_the_most_likely_token(server):
 
 
 def test_the_bounded_walk_is_what_the_server_reports(server):
-    """A request's text under an endless grammar is exactly its forced text, and json stays json."""
+    """A chat answer under an endless schema is exactly its forced text, cut by max_tokens."""
     r = requests.post(server + "/v1/chat/completions", json=FORCED[2][1], timeout=60).json()
     content = r["choices"][0]["message"]["content"]
     assert content == "[" * len(content) and r["choices"][0]["finish_reason"] == "length"

@@ -414,4 +414,5 @@ def test_degenerate_filters_and_penalties_keep_the_most_likely_token(params) -> 
         sampler.add(slot, params, prompt, [])
     expected = 30 if params.has_penalties else 12
     assert sampler.sample(logits, [0, 1, 2]).tolist() == [expected] * 3
-    assert torch.isfinite(sampler.processed_logits(logits[:1], [0])).any()
+    processed = sampler.processed_logits(logits[:1], [0])[0]
+    assert torch.isfinite(processed.amax()) and int(processed.argmax()) == expected

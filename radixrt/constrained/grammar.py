@@ -13,6 +13,8 @@ import threading
 from collections import OrderedDict
 from typing import Any, Iterable
 
+import numpy
+
 from radixrt.constrained.forced_text import Forced, ForcedBytes
 from radixrt.errors import RequestError
 
@@ -111,7 +113,8 @@ class Matcher:
         here ("" if none), as whole characters; computed incrementally (forced_text.py)."""
         if self._matcher.is_terminated():
             return Forced("", cut=False)
-        return self._forced.forced_text(self._matcher, self._packed(self.allowed()), self._fill, limit)
+        allowed = numpy.frombuffer(self.allowed(), dtype=numpy.uint32)  # [words], the position's mask
+        return self._forced.forced_text(self._matcher, allowed, self._fill, limit)
 
     def _fill(self, probe: Any) -> Any:
         """The packed mask at a forked matcher's position, a view of a scratch bitmask of our own.
@@ -122,12 +125,6 @@ class Matcher:
             self._probe_words = self._probe_bitmask.numpy().view("uint32")[0]  # [words], shares memory
         probe.fill_next_token_bitmask(self._probe_bitmask)
         return self._probe_words
-
-    @staticmethod
-    def _packed(mask: bytes) -> Any:
-        import numpy
-
-        return numpy.frombuffer(mask, dtype=numpy.uint32)
 
     @property
     def longest_token(self) -> int:
@@ -158,7 +155,6 @@ class Matcher:
 def _words(ids: Iterable[int], vocab_size: int) -> Any:
     """A packed mask of ids, in xgrammar's bitmask layout: [1, ceil(vocab / 32)] int32, bit j of
     word w is id 32 * w + j."""
-    import numpy
     import torch
 
     ids = numpy.fromiter(ids, dtype=numpy.int64)
