@@ -3,7 +3,7 @@
 Heavy-hitter (H2O-style) KV retention drops the pages of a request that its queries
 attend to least, so a backend that reports mass (AttentionBackend.take_page_mass) needs,
 per layer, the probabilities of the step's queries over the request's KV. The fast
-attention paths (sdpa, the compiled decode kernel, FlashInfer) return only the output and
+attention paths (sdpa, the compiled attention kernel, FlashInfer) return only the output and
 at most a log-sum-exp, never the probabilities, so this is an extra pass: the scores are
 recomputed in float32 from the same K the attention read (the dequantized K of a quantized
 pool), under the same scale, soft cap and causal / sliding-window mask (LayerAttention),

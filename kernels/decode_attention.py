@@ -1,6 +1,6 @@
 """Decode attention on CPU: one query token per request over its gathered KV, in float32.
 
-The torch path where the compiled kernel (native_decode.py) cannot build, the
+The torch path where the compiled kernel (native_attention.py) cannot build, the
 shared-prefix half of cascade decoding, and the explicit scores a soft-capped
 layer's prefill needs (torch_backend.capped_prefill). Grouped matmuls, not
 scaled_dot_product_attention: with one query row and bf16 K/V, SDPA's CPU

@@ -1,24 +1,23 @@
-"""TorchBackend: the CPU reference attention over the paged KV cache.
+"""TorchBackend: the CPU attention over the paged KV cache, and the reference the fast kernels are held to.
 
-Decode requests (one new token each) attend through the compiled kernel
-(native_decode.py), which reads each request's pages in place, all requests in
-one call; where it cannot build, through decode_attention.py's grouped float32
-matmuls over a padded gather, grouped by length so that short sequences are not
-padded to the longest. bench/attention_cpu.py measures both against
-scaled_dot_product_attention with one query row: the kernel is 2.2-14x faster
-in every case; the torch path 2.6-6x in bf16 and 0.6-1.0x in fp32, where one
-fallback path still serves (fp32 pools normally take the kernel). Decode requests whose
-page tables begin with the same pages (a prefix shared through the radix
-cache) attend in cascade: the shared prefix is read once for all of them, each
-tail on its own, and the two partial softmaxes are merged exactly by their
-log-sum-exps (cascade attention, as FlashInfer's multi-level wrapper does). Each prefill chunk
-attends on its own (a few long requests per step, so the Python loop is per
-request, never per token); a chunk with no cached prefix attends over its own
-K/V without reading them back, unless the pool is quantized: then it reads
-them back like every other path, so that prefill and decode see the same
-quantized-then-dequantized K/V (as FlashInfer, which always reads the pool).
-Exactness matters more than speed here: it is the reference the fast kernels
-are held to.
+Where the compiled kernel builds (native_attention.py: one C source per ISA, the pool read in
+place) every request attends through it in one call per layer: decodes, and prefill chunks
+too, each chunk's queries reading causally up to themselves (over the cached prefix, from
+the pages). Where it cannot build, or the pool is quantized, the torch path serves: decode
+requests through decode_attention.py's grouped float32 matmuls over a padded gather,
+grouped by length so that short sequences are not padded to the longest; each prefill
+chunk on its own through scaled_dot_product_attention (a few long requests per step, so the
+Python loop is per request, never per token). bench/attention_cpu.py measures both. Decode
+requests whose page tables begin with the same pages (a prefix shared through the radix
+cache) attend in cascade: the shared prefix is read once for all of them (through the
+kernel, the members' query rows of a KV head as that head's group; in torch, one grouped
+matmul over its gather), each tail on its own, and the two partial softmaxes are merged
+exactly by their log-sum-exps (cascade attention, as FlashInfer's multi-level wrapper does).
+On the torch path a chunk with no cached prefix attends over its own K/V without reading
+them back, unless the pool is quantized: then it reads them back like every other path,
+so that prefill and decode see the same quantized-then-dequantized K/V (as FlashInfer,
+which always reads the pool). Exactness matters more than speed here: it is the
+reference the fast kernels are held to.
 
 Per layer (LayerAttention): its own scale; tanh soft-capping of the scores
 (sdpa has none, so a softcapped layer's prefill takes the explicit float32
@@ -61,7 +60,7 @@ from radixrt.kernels.attention_mass import page_mass, token_mass, visible
 from radixrt.kernels.backend import AttentionBackend, AttentionMetadata, LayerAttention
 from radixrt.kernels.decode_attention import attend, group_queries, merge
 from radixrt.kernels.kv_cache import PagedKVCache
-from radixrt.kernels.native_decode import KINDS, NativeDecode, load_native_decode
+from radixrt.kernels.native_attention import KINDS, NativeAttention, load_native_attention
 
 
 @dataclass
@@ -79,8 +78,12 @@ class _KVRun:
 
 @dataclass
 class _DecodePlan:
-    rows: torch.Tensor  # [Bd] int64 token rows of the decode requests
+    """Requests attending over their whole KV (or its window): decodes, and with the compiled
+    kernel prefill chunks too, each of whose queries reads causally up to itself."""
+
+    rows: torch.Tensor | None  # [n] int64 token rows of the requests' queries, request by request; None: all, in order
     run: _KVRun  # their whole KV (or its window)
+    q_starts: torch.Tensor | None = None  # [B + 1] int64 where each request's queries start in rows; None: one each
 
 
 @dataclass
@@ -99,6 +102,7 @@ CASCADE_MIN_TOKENS = 64
 class _CascadePlan:
     rows: torch.Tensor  # [G] int64 token rows of the requests sharing the prefix
     prefix_slots: torch.Tensor  # [Lp] int64 cache slots of the shared prefix
+    prefix_pages: torch.Tensor  # [shared] int64 its page ids
     tail: _KVRun  # each request's own tail, after the shared pages
 
 
@@ -211,15 +215,15 @@ class TorchBackend(AttentionBackend):
         layers: Sequence[LayerAttention],
         native: bool | None = None,
     ) -> None:
-        """native: decode through the compiled kernel (native_decode.py). None: where it builds and
+        """native: attend through the compiled kernel (native_attention.py). None: where it builds and
         serves the pool's dtype (float32, bfloat16 on CPU); True: required (raises without it); False: never."""
         super().__init__(cache, num_heads, head_dim, layers)
-        self.native: NativeDecode | None = None
+        self.native: NativeAttention | None = None
         if native is not False:
             serves = cache.storage_dtype in KINDS and cache.k[0].device.type == "cpu"
-            self.native = load_native_decode() if serves else None
+            self.native = load_native_attention(head_dim) if serves else None
             if native and self.native is None:
-                raise RuntimeError(f"the compiled decode kernel is unavailable for a {cache.storage_dtype} pool here")
+                raise RuntimeError(f"the compiled attention kernel is unavailable for a {cache.storage_dtype} pool here")
 
     def init_forward(self, meta: AttentionMetadata) -> None:
         self.meta = meta
@@ -257,11 +261,14 @@ class TorchBackend(AttentionBackend):
         for members, shared in shared_prefix_groups(meta.page_table, whole, meta.kv_lens, meta.page_size):
             cascades.append(self._plan_cascade(meta, members, shared, starts, device))
             decode = [i for i in decode if i not in members]
-        # The kernel reads each request's own length; the torch path pads, so it groups by what it reads.
+        chunks = [i for i, n in enumerate(meta.qo_lens) if n > 1]
+        if self.native is not None:  # one call: the kernel reads each request's own length, chunks causally
+            rest = decode + chunks
+            return StepPlan(cascades, [self._plan_decode(meta, rest, starts, window, device)] if rest else [], [])
+        # The torch path pads, so it groups decodes by what they read; each chunk attends on its own.
         reads = meta.kv_lens if window is None else [min(n, window) for n in meta.kv_lens]
-        groups = ([decode] if decode else []) if self.native is not None else decode_groups(reads, decode)
-        decodes = [self._plan_decode(meta, g, starts, window, device) for g in groups]
-        prefills = [self._plan_prefill(meta, i, starts, window, device) for i, n in enumerate(meta.qo_lens) if n > 1]
+        decodes = [self._plan_decode(meta, g, starts, window, device) for g in decode_groups(reads, decode)]
+        prefills = [self._plan_prefill(meta, i, starts, window, device) for i in chunks]
         return StepPlan(cascades, decodes, prefills)
 
     def _plan_run(self, meta: AttentionMetadata, reqs: list[int], first_page: int, lens: list[int], window: int | None) -> _KVRun:
@@ -282,8 +289,14 @@ class TorchBackend(AttentionBackend):
     def _plan_decode(
         self, meta: AttentionMetadata, reqs: list[int], starts: list[int], window: int | None, device
     ) -> _DecodePlan:
-        rows = torch.tensor([starts[i] for i in reqs], dtype=torch.int64, device=device)
-        return _DecodePlan(rows, self._plan_run(meta, reqs, 0, [meta.kv_lens[i] for i in reqs], window))
+        run = self._plan_run(meta, reqs, 0, [meta.kv_lens[i] for i in reqs], window)
+        every = reqs == list(range(meta.num_reqs))
+        if all(meta.qo_lens[i] == 1 for i in reqs):
+            rows = None if every else torch.tensor([starts[i] for i in reqs], dtype=torch.int64, device=device)
+            return _DecodePlan(rows, run)
+        rows = None if every else torch.cat([torch.arange(starts[i], starts[i] + meta.qo_lens[i], device=device) for i in reqs])
+        q_starts = torch.tensor([0] + [meta.qo_lens[i] for i in reqs], dtype=torch.int64, device=device).cumsum(0)
+        return _DecodePlan(rows, run, q_starts)
 
     def _plan_cascade(self, meta: AttentionMetadata, members: list[int], shared: int, starts: list[int], device) -> _CascadePlan:
         """Members read all of their KV (no window cuts it), the shared pages once for all."""
@@ -291,7 +304,7 @@ class TorchBackend(AttentionBackend):
         prefix_slots = request_slots(meta.page_table[members[0]], torch.arange(prefix_len, device=device), meta.page_size)
         tail = self._plan_run(meta, members, shared, [meta.kv_lens[i] - prefix_len for i in members], None)
         rows = torch.tensor([starts[i] for i in members], dtype=torch.int64, device=device)
-        return _CascadePlan(rows, prefix_slots, tail)
+        return _CascadePlan(rows, prefix_slots, meta.page_table[members[0], :shared].contiguous(), tail)
 
     def _plan_prefill(self, meta: AttentionMetadata, i: int, starts: list[int], window: int | None, device) -> _PrefillPlan:
         q_len, kv_len = meta.qo_lens[i], meta.kv_lens[i]
@@ -318,7 +331,10 @@ class TorchBackend(AttentionBackend):
         for c in plan.cascades:
             out[c.rows] = self._cascade(q[c.rows], c, layer, la)
         for d in plan.decodes:
-            out[d.rows] = self._attend_run(q[d.rows], d.run, layer, la)[0].to(q.dtype)
+            if d.rows is None:  # every row, in order: no gather, no scatter
+                out = self._attend_run(q, d.run, layer, la, d.q_starts)[0].to(q.dtype)
+            else:
+                out[d.rows] = self._attend_run(q[d.rows], d.run, layer, la, d.q_starts)[0].to(q.dtype)
         for p in plan.prefills:
             # kp, vp: [kv_read, kv_heads, head_dim]
             kp, vp = (k[p.start : p.end], v[p.start : p.end]) if p.slots is None else self.cache.read(layer, p.slots)
@@ -330,26 +346,55 @@ class TorchBackend(AttentionBackend):
 
     def _cascade(self, q: torch.Tensor, c: _CascadePlan, layer: int, la: LayerAttention) -> torch.Tensor:
         """q: [G, heads, head_dim] -> [G, heads, head_dim], attending over shared prefix + own tail."""
+        op, lse_p = (self._prefix_torch if self.native is None else self._prefix_native)(q, c, layer, la)
+        # Each member's own tail, then the two partial softmaxes merged by their log-sum-exps.
+        ot, lse_t = self._attend_run(q, c.tail, layer, la)  # [G, heads, D], [G, heads]
+        return merge(op, lse_p, ot, lse_t).to(q.dtype)
+
+    def _prefix_torch(self, q: torch.Tensor, c: _CascadePlan, layer: int, la: LayerAttention) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shared prefix, once for every member: all G * group query rows of a KV head in one matmul
+        over its gathered K/V. q: [G, heads, D] -> out [G, heads, D], lse [G, heads], float32."""
         G, H, D = q.shape
         kp, vp = self.cache.read_heads(layer, c.prefix_slots[None])  # [1, kv_heads, Lp, head_dim] float32
         kv_heads = kp.shape[1]
-        qg = group_queries(q, kv_heads)  # [G, kv_heads, group, D]
-        # The prefix, once for every member: all G * group query rows of a KV head in one matmul.
-        qp = qg.permute(1, 0, 2, 3).reshape(1, kv_heads, -1, D)  # [1, kv_heads, G * group, D]
+        qp = group_queries(q, kv_heads).permute(1, 0, 2, 3).reshape(1, kv_heads, -1, D)  # [1, kv_heads, G * group, D]
         op, lse_p = attend(qp, kp, vp, None, la.scale, la.softcap)
         op = op.view(kv_heads, G, -1, D).permute(1, 0, 2, 3)  # [G, kv_heads, group, D]
         lse_p = lse_p.view(kv_heads, G, -1).permute(1, 0, 2)  # [G, kv_heads, group]
-        # Each member's own tail, then the two partial softmaxes merged by their log-sum-exps.
-        ot, lse_t = self._attend_run(q, c.tail, layer, la)  # [G, heads, D], [G, heads]
-        return merge(op.reshape(G, H, D), lse_p.reshape(G, H), ot, lse_t).to(q.dtype)
+        return op.reshape(G, H, D), lse_p.reshape(G, H)
 
-    def _attend_run(self, q: torch.Tensor, run: _KVRun, layer: int, la: LayerAttention) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [B, heads, head_dim] over each request's run -> out [B, heads, head_dim], lse [B, heads], float32."""
+    def _prefix_native(self, q: torch.Tensor, c: _CascadePlan, layer: int, la: LayerAttention) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shared prefix through the compiled kernel, read in place: the members go in `chunks`
+        pseudo-requests over the same pages, each holding its members' query rows of a KV head as
+        that head's group (the kernel reads a KV block once for all of them), so every thread has
+        work. The last chunk is padded with copies of the last member, whose results are dropped."""
+        G, H, D = q.shape
+        kv_heads = self.cache.k[layer].shape[2]
+        chunks = min(G, 2 * torch.get_num_threads())
+        per = -(-G // chunks)
+        qg = group_queries(q, kv_heads)  # [G, kv_heads, group, D] float32
+        if chunks * per > G:
+            qg = torch.cat([qg, qg[-1:].expand(chunks * per - G, -1, -1, -1)])
+        # [chunks, kv_heads * per * group, D]: a chunk's rows of one KV head are that head's group
+        qc = qg.view(chunks, per, kv_heads, -1, D).transpose(1, 2).reshape(chunks, -1, D).contiguous()
+        pages = c.prefix_pages[None].expand(chunks, -1).contiguous()  # [chunks, shared]
+        lens = torch.full((chunks,), c.prefix_slots.numel(), dtype=torch.int64, device=q.device)
+        out, lse = self.native(qc, self.cache.k[layer], self.cache.v[layer], pages, lens, la.scale, want_lse=True,
+                               softcap=la.softcap)
+        out = out.view(chunks, kv_heads, per, -1, D).transpose(1, 2).reshape(chunks * per, H, D)[:G]
+        lse = lse.view(chunks, kv_heads, per, -1).transpose(1, 2).reshape(chunks * per, H)[:G]
+        return out, lse
+
+    def _attend_run(
+        self, q: torch.Tensor, run: _KVRun, layer: int, la: LayerAttention, q_starts: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [n, heads, head_dim] over each request's run -> out [n, heads, head_dim], lse [n, heads], float32.
+        One query per request (n == B), or with q_starts (compiled kernel only) each request's chunk."""
         B, H, D = q.shape
         if self.native is not None:
             k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]
             return self.native(q.float().contiguous(), k_pool, v_pool, run.pages, run.lens, la.scale, want_lse=True,
-                               window=run.window, softcap=la.softcap)
+                               window=run.window, softcap=la.softcap, q_starts=q_starts)
         k, v = self.cache.read_heads(layer, run.slots)  # [B, kv_heads, max_read, head_dim] float32
         out, lse = attend(group_queries(q, k.shape[1]), k, v, run.bias, la.scale, la.softcap)
         return out.reshape(B, H, D), lse.reshape(B, H)

@@ -23,7 +23,7 @@ from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache, cre
 from radixrt.kernels import torch_backend
 from radixrt.kernels.backend import layer_kinds
 from radixrt.kernels.torch_backend import TorchBackend
-from test_decode_attention import require_native
+from test_decode_attention import NATIVE, use_path
 from test_torch_backend import backend_device
 
 HEADS, KV_HEADS = 8, 2
@@ -121,18 +121,17 @@ def make_cache(page_size: int, D: int, dtype: torch.dtype, device: torch.device,
     return PagedKVCache(layers, num_pages, page_size, KV_HEADS, D, dtype, device)
 
 
-@pytest.mark.parametrize("path", ["native", "torch"])
+@pytest.mark.parametrize("path", [*NATIVE, "torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_torch_backend_layer_options_match_naive(path, dtype, page_size, monkeypatch):
-    if path == "native":
-        require_native()
+    native = use_path(path, monkeypatch)
     # small score blocks: the capped prefill path splits a chunk's queries into several blocks
     monkeypatch.setattr(torch_backend, "CAPPED_SCORES_PER_BLOCK", 4096)
     D = 32
     layers = kinds_for(D)
     cache = make_cache(page_size, D, dtype, torch.device("cpu"), len(layers))
-    backend = TorchBackend(cache, HEADS, D, layers, native=path == "native")
+    backend = TorchBackend(cache, HEADS, D, layers, native=native)
     run_step(backend, cache, STEP, page_size, D, seed=page_size)
     plans = backend.layer_plans
     # plans follow the window, not the layer: full, capped full and the uncut window share one
@@ -142,6 +141,9 @@ def test_torch_backend_layer_options_match_naive(path, dtype, page_size, monkeyp
     assert cascade_rows(plans[0]) == [[first, first + 1, first + 2]]
     assert cascade_rows(plans[1]) == []  # window 8: no member reads the shared prefix whole
     assert cascade_rows(plans[2]) == [[first, first + 1]]  # window 100: the third (kv 120) decodes alone
+    if native:  # chunks and decodes in one call, each chunk's queries reading causally (the kernel applies the window)
+        assert all(not p.prefills and len(p.decodes) == 1 and p.decodes[0].q_starts is not None for p in plans)
+        return
     # a chunk over a prefix longer than the window reads only the KV its queries see
     chunk = plans[1].prefills[1]  # (50, 12) under window 8: positions 43 .. 61
     assert chunk.slots.shape == (19,) and chunk.mask.shape == (12, 19)

@@ -22,16 +22,19 @@ from radixrt.models import ModelConfig, load_model
 from radixrt.models import cpu_matmul
 from radixrt.models.cpu_matmul import choose_matmul_dtype, hold_linear_weights_in
 from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear
+from radixrt.kernels.native_build import find_compiler
 from radixrt.server.worker_env import GLIBC_KEEP, worker_env
 from radixrt.worker import model_runner
 
 PROMPT = list(range(20, 84))  # 64 tokens
 
 
-def last_logits(model, cfg: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
-    """The model's float32 logits at every position of PROMPT, prefilled in one chunk."""
+def last_logits(model, cfg: ModelConfig, dtype: torch.dtype, native: bool = False) -> torch.Tensor:
+    """The model's float32 logits at every position of PROMPT, prefilled in one chunk: through
+    transformers' own attention op (sdpa: the torch path) unless native, so that a comparison
+    with transformers' bf16 logits sees only what the test is about."""
     cache = PagedKVCache(cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, dtype, torch.device("cpu"))
-    attn = TorchBackend(cache, cfg.num_heads, cfg.head_dim, cfg.attention_layers())
+    attn = TorchBackend(cache, cfg.num_heads, cfg.head_dim, cfg.attention_layers(), native=native)
     n = len(PROMPT)
     attn.init_forward(AttentionMetadata([n], [n], torch.arange(8)[None], torch.arange(n), 16))
     with torch.inference_mode():
@@ -63,6 +66,24 @@ def test_float32_weights_keep_the_bf16_model(family, model_paths):
         clear = (top2[:, 0] - top2[:, 1]) > 2 * tol  # rows whose greedy token is not a bf16 coin toss
         assert clear.sum() >= len(PROMPT) // 4
         assert torch.equal(got.argmax(-1)[clear], reference.argmax(-1)[clear])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_the_compiled_attention_keeps_a_bf16_model_as_exact_as_transformers(family, model_paths):
+    """Through the compiled kernel (float32 scores, softmax and sums over the bf16 pool) a bf16
+    model's logits are no farther from the float32 model's than transformers' own bf16 logits
+    are (they differ from those by up to a few bf16 roundings: each rounds elsewhere)."""
+    if find_compiler() is None:
+        pytest.skip("no C compiler on this machine: the compiled attention kernel cannot be built")
+    path = model_paths[family]
+    cfg = ModelConfig.from_dir(path)
+    with torch.inference_mode():
+        ids = torch.tensor([PROMPT])
+        exact = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()(ids).logits[0].float()
+        theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()(ids).logits[0].float()
+    ours = last_logits(load_model(path, cfg, torch.bfloat16, CPU), cfg, torch.bfloat16, native=True)
+    assert (ours - exact).abs().mean() <= 1.1 * (theirs - exact).abs().mean()
+    assert (ours - exact).abs().max() <= 1.1 * (theirs - exact).abs().max()
 
 
 CPU = torch.device("cpu")

@@ -1,5 +1,5 @@
 """The CPU decode paths against naive per-token attention in float64 over the K/V the pool
-holds: the compiled kernel reading the pool in place (native_decode.py, csrc/decode_attention.c)
+holds: the compiled kernel reading the pool in place (native_attention.py, csrc/paged_attention.c)
 and the torch path (grouped float32 matmuls over a head-major gather, decode_attention.py).
 
 One decode batch per case: ragged KV lengths (several length groups, padding inside each),
@@ -17,7 +17,8 @@ import random
 import pytest
 import torch
 from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache
-from radixrt.kernels import native_decode
+from radixrt.kernels import native_attention
+from radixrt.kernels.native_build import ISA_ENV, ISAS, build, find_compiler, runnable_isas
 from radixrt.kernels.decode_attention import attend, merge
 from radixrt.kernels.torch_backend import TorchBackend
 
@@ -53,14 +54,30 @@ def build_batch(page_size: int, seed: int) -> tuple[torch.Tensor, int]:
 
 
 def require_native() -> None:
-    """The compiled kernel must build wherever there is a C compiler; without one, say so and skip."""
-    if native_decode.find_compiler() is None:
-        pytest.skip("no C compiler on this machine: the compiled decode kernel cannot be built")
-    native_decode.build()  # raises, failing the test, if the compiler cannot build it
+    """Every variant of the compiled kernel must build wherever there is a C compiler (the AVX-512
+    one on an AVX2-only machine too: explicit flags, not -march=native); without one, say so and skip."""
+    if find_compiler() is None:
+        pytest.skip("no C compiler on this machine: the compiled attention kernel cannot be built")
+    for isa in ISAS:
+        build(native_attention.SOURCE, isa)  # raises, failing the test, if the compiler cannot build it
+
+
+# The compiled kernel's variants this CPU can execute, best first: each one runs every native case,
+# and the test ids say which ran here (native-avx512, native-avx2, native-scalar).
+NATIVE = [f"native-{isa.name}" for isa in runnable_isas()]
+
+
+def use_path(path: str, monkeypatch) -> bool:
+    """Whether a backend built now decodes through the compiled kernel; native-<isa> forces that variant."""
+    if not path.startswith("native"):
+        return False
+    require_native()
+    monkeypatch.setenv(ISA_ENV, path.removeprefix("native-"))
+    return True
 
 
 # (path, pool format): the compiled kernel serves float32/bf16 pools; the torch path every format
-PATHS = [("native", "auto"), ("torch", "auto"), ("torch", "int8"), ("torch", "fp8_e4m3")]
+PATHS = [(n, "auto") for n in NATIVE] + [("torch", "auto"), ("torch", "int8"), ("torch", "fp8_e4m3")]
 
 
 @pytest.mark.parametrize("path,kv_dtype", PATHS, ids=[f"{p}-{k}" for p, k in PATHS])
@@ -68,14 +85,13 @@ PATHS = [("native", "auto"), ("torch", "auto"), ("torch", "int8"), ("torch", "fp
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_decode_batch_matches_naive(path, kv_dtype, dtype, page_size, group, head_dim):
-    if path == "native":
-        require_native()
+def test_decode_batch_matches_naive(path, kv_dtype, dtype, page_size, group, head_dim, monkeypatch):
+    native = use_path(path, monkeypatch)
     torch.manual_seed(page_size + group + head_dim)
     heads, layers, scale = KV_HEADS * group, 2, head_dim**-0.5
     page_table, num_pages = build_batch(page_size, seed=group * head_dim)
     cache = PagedKVCache(layers, num_pages, page_size, KV_HEADS, head_dim, dtype, torch.device("cpu"), kv_dtype)
-    backend = TorchBackend(cache, heads, head_dim, [LayerAttention(scale)] * layers, native=path == "native")
+    backend = TorchBackend(cache, heads, head_dim, [LayerAttention(scale)] * layers, native=native)
     slots_of = lambda i, pos: page_table[i, pos // page_size] * page_size + pos % page_size  # noqa: E731
     for layer in range(layers):  # history before this step (the shared prefix is written thrice: same values)
         shared_k, shared_v = torch.randn(SHARED, KV_HEADS, head_dim), torch.randn(SHARED, KV_HEADS, head_dim)
@@ -89,7 +105,9 @@ def test_decode_batch_matches_naive(path, kv_dtype, dtype, page_size, group, hea
     assert [c.rows.tolist() for c in backend.layer_plans[0].cascades] == [[0, 1, 2]]
     assert not backend.layer_plans[0].prefills
     # the kernel reads each request's own length in one call; the torch path pads, in length groups
-    assert len(backend.layer_plans[0].decodes) == 1 if path == "native" else len(backend.layer_plans[0].decodes) >= 3
+    assert len(backend.layer_plans[0].decodes) == 1 if native else len(backend.layer_plans[0].decodes) >= 3
+    if native:
+        assert backend.native.isa.name == path.removeprefix("native-")
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     for layer in range(layers):
         q = torch.randn(len(KV_LENS), heads, head_dim).to(dtype)
@@ -144,3 +162,82 @@ def test_a_kernel_that_cannot_build_leaves_the_torch_path_and_says_why(tmp_path)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "compiled kernel is unavailable" in done.stderr and "using the torch path" in done.stderr
+
+
+def test_the_kernel_variant_follows_the_cpu_and_the_override(monkeypatch):
+    """The best variant the CPU's flags allow whose vector lanes divide head_dim, unless
+    RADIXRT_CPU_KERNEL_ISA names one; a name that is unknown, that the CPU cannot run, or whose
+    lanes do not divide head_dim is an error, never a quiet downgrade."""
+    from radixrt.kernels import native_build
+
+    if len(ISAS) == 1:
+        pytest.skip("not an x86 machine: only the scalar variant exists")
+    avx512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "sse2"})
+    monkeypatch.delenv(ISA_ENV, raising=False)
+    monkeypatch.setattr(native_build, "cpu_flags", lambda: avx512)
+    assert [native_build.chosen_isa(d).name for d in (64, 128, 40, 36)] == ["avx512", "avx512", "avx2", "scalar"]
+    monkeypatch.setattr(native_build, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert native_build.chosen_isa(64).name == "avx2"
+    with monkeypatch.context() as m:
+        m.setenv(ISA_ENV, "avx512")
+        with pytest.raises(ValueError, match="lacks avx512"):
+            native_build.chosen_isa(64)
+        m.setenv(ISA_ENV, "sse9")
+        with pytest.raises(ValueError, match="not a kernel variant"):
+            native_build.chosen_isa(64)
+        m.setenv(ISA_ENV, "avx2")
+        with pytest.raises(ValueError, match="multiple of 8"):
+            native_attention.load_native_attention(36)
+        m.setenv(ISA_ENV, "Scalar")
+        assert native_build.chosen_isa(64).name == "scalar"
+    monkeypatch.setattr(native_build, "cpu_flags", lambda: None)  # no flags to read: plain C only
+    assert [isa.name for isa in native_build.runnable_isas()] == ["scalar"]
+
+
+# (cached prefix, new tokens) per request of one extend step: ragged chunks over ragged prefixes, a decode among them
+EXTEND = [(0, 20), (37, 5), (100, 33), (50, 1), (15, 17)]
+
+
+def naive_extend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [n, heads, D], the last n of k, v's [T, kv_heads, D] positions, each seeing up to itself -> [n, heads, D] float64."""
+    n, T = q.shape[0], k.shape[0]
+    return torch.stack([naive_decode(q[i], k[: T - n + i + 1], v[: T - n + i + 1], scale) for i in range(n)])
+
+
+@pytest.mark.parametrize("path", [*NATIVE, "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("group", [1, 3, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_extend_batch_matches_naive(path, dtype, page_size, group, head_dim, monkeypatch):
+    """Prefill chunks over cached prefixes (the compiled kernel: all in one call with the decodes,
+    each query reading causally up to itself, pages in place) against naive causal attention."""
+    native = use_path(path, monkeypatch)
+    torch.manual_seed(group * head_dim + page_size)
+    heads, scale = KV_HEADS * group, head_dim**-0.5
+    kv_lens = [p + n for p, n in EXTEND]
+    num_pages = sum(math.ceil(n / page_size) for n in kv_lens) + 4
+    free = torch.randperm(num_pages).tolist()
+    tables = [[free.pop() for _ in range(math.ceil(n / page_size))] for n in kv_lens]
+    width = max(len(t) for t in tables)
+    page_table = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    cache = PagedKVCache(1, num_pages, page_size, KV_HEADS, head_dim, dtype, torch.device("cpu"))
+    backend = TorchBackend(cache, heads, head_dim, [LayerAttention(scale)], native=native)
+    slots_of = lambda i, pos: page_table[i, pos // page_size] * page_size + pos % page_size  # noqa: E731
+    for i, (prefix, _) in enumerate(EXTEND):
+        if prefix:
+            pos = torch.arange(prefix)
+            cache.write(0, slots_of(i, pos), *(torch.randn(prefix, KV_HEADS, head_dim).to(dtype) for _ in range(2)))
+    out_slots = torch.cat([slots_of(i, torch.arange(p, p + n)) for i, (p, n) in enumerate(EXTEND)])
+    backend.init_forward(AttentionMetadata([n for _, n in EXTEND], kv_lens, page_table, out_slots, page_size))
+    rows = sum(n for _, n in EXTEND)
+    q = torch.randn(rows, heads, head_dim).to(dtype)
+    k, v = (torch.randn(rows, KV_HEADS, head_dim).to(dtype) for _ in range(2))
+    got = backend.forward(q, k, v, 0)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    start = 0
+    for i, (p, n) in enumerate(EXTEND):
+        k_all, v_all = cache.read(0, slots_of(i, torch.arange(p + n)))
+        want = naive_extend(q[start : start + n], k_all, v_all, scale)
+        torch.testing.assert_close(got[start : start + n].double(), want, atol=tol, rtol=tol)
+        start += n

@@ -27,12 +27,12 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixrt.kernels.native_build import cpu_flags
 from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear
 
 logger = logging.getLogger(__name__)
@@ -50,17 +50,6 @@ HALF_GEMM_FLAGS = {torch.bfloat16: ("amx_bf16", "avx512_bf16"), torch.float16: (
 class MatmulChoice:
     dtype: torch.dtype  # what the linear layers hold their weights in and compute in
     reason: str  # why, for the log and /get_server_info
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
-    """The x86 CPU's feature flags (the first "flags" line), or None where there is none to read."""
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
 
 
 def measure_matmul(dtype: torch.dtype, pairs: int = PROBE_PAIRS) -> float:

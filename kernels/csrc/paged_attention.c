@@ -1,0 +1,417 @@
+/* Paged attention on CPU (decode, prefill chunks over a cached prefix, a cascade's shared prefix),
+ * reading the KV pool in place, one source for every ISA.
+ *
+ * Built once per instruction set by kernels/native_build.py (-DRADIXRT_ISA_AVX512, _AVX2 or
+ * _SCALAR, with explicit -m flags, never -march=native), which picks the variant at run time;
+ * the entry point carries the ISA's name (radixrt_paged_attention_avx512). Only the small
+ * vector layer below differs between variants; the kernel is written once over it.
+ *
+ * Request b's queries are its last n_b tokens (decode: n_b = 1), each reading causally up to
+ * itself; a KV head's G query rows of one position (the GQA group, or a cascade's many requests
+ * over one shared prefix, presented as one request) are read together. A task is a chunk of
+ * up to PC positions of one request, for all its KV heads or, when that leaves threads idle or
+ * the rows are wide, for one. It reads its tokens in blocks of TB, from the pages in place, the
+ * next block prefetched (pages are scattered: the hardware prefetcher loses the stream at
+ * every page boundary; measured 2.3x at batch 64 x 600 tokens):
+ *   1. scores: for a tile of up to GT query rows and four tokens at a time, the dot products
+ *      accumulate in registers (K widened from bf16 in the register, no scratch copy) and are
+ *      reduced four at once;
+ *   2. softmax per query row in float32 (branch-free vector exp), over the tokens it reads;
+ *   3. output: for a tile of GT query rows and DT vectors of head_dim, the weighted V rows
+ *      accumulate in registers across the block's TB tokens, so the output rows are loaded
+ *      and stored once per block, not once per token.
+ * K and V are each read from memory once per task; a block's rows stay in L1 between tiles.
+ * The last block is padded with its last real token (read, never weighted: its weights are 0).
+ *
+ * Layouts (all contiguous, row-major):
+ *   q      [T, H, D] float32 query rows       out  [T, H, D] float32
+ *   pool   [slots, KVH, D] of `kind`          lse  [T, H] float32, or NULL
+ *   pages  [B, pages_stride] int64: request b's i-th page id; slot = page * page_size + offset
+ *   kv_lens [B] int64: tokens of request b, its new ones included
+ *   q_starts [B + 1] int64: request b's queries are rows q_starts[b] .. q_starts[b + 1] - 1
+ * window > 0: a query at position p reads only p - window + 1 .. p (a sliding-window layer; the
+ * pages before stay in the pool, unread); 0: all of 0 .. p.
+ * softcap > 0: each score s = scale * q . k becomes softcap * tanh(s / softcap) before the
+ * softmax (Gemma 2); 0: scores as they are.
+ * Returns 0, or: 1 unknown kind, 2 H not a multiple of KVH, 3 out of memory, 4 bad window or
+ * softcap, 5 D not a multiple of this variant's vector lanes, 6 a request with no queries or
+ * more queries than tokens.
+ * The python reference is kernels/decode_attention.py (attend); tests hold every variant to
+ * naive attention.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { KIND_F32 = 0, KIND_BF16 = 1 };
+
+#include "simd.h"
+
+#if VL == 16
+#define GT 4 /* query rows per register tile: 4 x 4 score accumulators, or 4 x DT output ones */
+#elif VL == 8
+#define GT 2 /* 16 registers: 2 x 4 score accumulators, or 2 x DT output ones, plus the operands */
+#else
+#define GT 4
+#endif
+
+/* ---- the kernel, written once over the vector layer -------------------------------------- */
+#define TB 16 /* tokens per block: their rows stay in L1 while every tile of the task reads them */
+#define DT 4  /* head_dim vectors per output tile */
+
+ALWAYS_INLINE vf load_kind(const void *pool, int64_t offset, const int kind) {
+    return kind == KIND_BF16 ? v_load_bf16((const uint16_t *)pool + offset) : v_load((const float *)pool + offset);
+}
+
+/* offs[i] = where token t0 + i's row (KV head 0) starts in the pool, for i < TB; tokens past the
+ * last real one (n) repeat it, so a block is always TB rows of real, finite values. */
+static inline void block_offsets(const int64_t *pages, int page_size, int64_t t0, int n, int KVH, int D, int64_t *offs) {
+    const int64_t row = (int64_t)KVH * D;
+    int64_t page = t0 / page_size, in_page = t0 % page_size; /* one division per block, not per token */
+    int64_t at = (pages[page] * page_size + in_page) * row;
+    for (int i = 0; i < TB; i++) {
+        offs[i] = at;
+        if (i + 1 >= n) continue; /* past the last real token: repeat it */
+        if (++in_page == page_size) {
+            in_page = 0;
+            at = pages[++page] * page_size * row;
+        } else {
+            at += row;
+        }
+    }
+}
+
+/* Asks for a block's rows of KV heads [h0, h0 + NH) ahead of use (the pages are scattered, so the
+ * hardware prefetcher loses the stream at every page boundary). */
+static inline void prefetch_block(const void *pool, int elem, const int64_t *offs, int h0, int NH, int D) {
+    const char *p = (const char *)pool;
+    const int64_t bytes = (int64_t)NH * D * elem;
+    for (int i = 0; i < TB; i++) {
+        const char *row = p + (offs[i] + (int64_t)h0 * D) * elem;
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
+    }
+}
+
+/* s[r * stride + i] = scale * q_r . k_i for gn query rows (q, D apart) and the four K rows at offs. */
+ALWAYS_INLINE void qk_tile(const float *q, const void *k_pool, const int kind, const int64_t *offs, int D, const int gn,
+                           float scale, float *s, int64_t stride) {
+    vf acc[GT][4];
+    for (int r = 0; r < gn; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = v_zero();
+    for (int d = 0; d < D; d += VL) {
+        vf k0 = load_kind(k_pool, offs[0] + d, kind), k1 = load_kind(k_pool, offs[1] + d, kind);
+        vf k2 = load_kind(k_pool, offs[2] + d, kind), k3 = load_kind(k_pool, offs[3] + d, kind);
+        for (int r = 0; r < gn; r++) {
+            vf x = v_load(q + r * D + d);
+            acc[r][0] = v_fma(x, k0, acc[r][0]);
+            acc[r][1] = v_fma(x, k1, acc[r][1]);
+            acc[r][2] = v_fma(x, k2, acc[r][2]);
+            acc[r][3] = v_fma(x, k3, acc[r][3]);
+        }
+    }
+    for (int r = 0; r < gn; r++) {
+        float dots[4];
+        v_hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], dots);
+        for (int i = 0; i < 4; i++) s[r * stride + i] = dots[i] * scale;
+    }
+}
+
+#ifdef HAVE_DOT_BF16
+/* qk_tile for a bf16 pool with the queries rounded to bf16 (q16; exact for a bf16 model's queries):
+ * 32 products per instruction, K as the pool holds it. D is a multiple of 32. */
+ALWAYS_INLINE void qk_tile_dot(const uint16_t *q16, const uint16_t *k_pool, const int64_t *offs, int D, const int gn,
+                               float scale, float *s, int64_t stride) {
+    vf acc[GT][4];
+    for (int r = 0; r < gn; r++)
+        for (int i = 0; i < 4; i++) acc[r][i] = v_zero();
+    for (int d = 0; d < D; d += 32) {
+        vbf k0 = vbf_load(k_pool + offs[0] + d), k1 = vbf_load(k_pool + offs[1] + d);
+        vbf k2 = vbf_load(k_pool + offs[2] + d), k3 = vbf_load(k_pool + offs[3] + d);
+        for (int r = 0; r < gn; r++) {
+            vbf x = vbf_load(q16 + r * D + d);
+            acc[r][0] = v_dot_bf16(acc[r][0], x, k0);
+            acc[r][1] = v_dot_bf16(acc[r][1], x, k1);
+            acc[r][2] = v_dot_bf16(acc[r][2], x, k2);
+            acc[r][3] = v_dot_bf16(acc[r][3], x, k3);
+        }
+    }
+    for (int r = 0; r < gn; r++) {
+        float dots[4];
+        v_hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], dots);
+        for (int i = 0; i < 4; i++) s[r * stride + i] = dots[i] * scale;
+    }
+}
+#endif
+
+/* o_r[d0 .. d0 + dn * VL) += sum over the block's TB tokens of w[r * stride + i] * v_i, for gn rows. */
+ALWAYS_INLINE void pv_tile(const float *w, int64_t stride, const void *v_pool, const int kind, const int64_t *offs, int d0,
+                           float *o, int D, const int gn, const int dn) {
+    vf acc[GT][DT];
+    for (int r = 0; r < gn; r++)
+        for (int j = 0; j < dn; j++) acc[r][j] = v_load(o + r * D + d0 + j * VL);
+    for (int i = 0; i < TB; i++) {
+        vf v[DT];
+        for (int j = 0; j < dn; j++) v[j] = load_kind(v_pool, offs[i] + d0 + j * VL, kind);
+        for (int r = 0; r < gn; r++) {
+            vf wr = v_set1(w[r * stride + i]);
+            for (int j = 0; j < dn; j++) acc[r][j] = v_fma(wr, v[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < gn; r++)
+        for (int j = 0; j < dn; j++) v_store(o + r * D + d0 + j * VL, acc[r][j]);
+}
+
+/* The tiles above for a runtime row count (and vector count), each case compiled with its constants.
+ * q16: the rows rounded to bf16 where the bf16 dot product serves (a bf16 pool), else NULL. */
+ALWAYS_INLINE void qk_rows(const float *q, const uint16_t *q16, const void *k_pool, const int kind, const int64_t *offs,
+                           int D, int gn, float scale, float *s, int64_t stride) {
+#ifdef HAVE_DOT_BF16
+    if (kind == KIND_BF16 && q16) {
+        switch (gn) {
+        case 4: qk_tile_dot(q16, k_pool, offs, D, 4, scale, s, stride); break;
+        case 3: qk_tile_dot(q16, k_pool, offs, D, 3, scale, s, stride); break;
+        case 2: qk_tile_dot(q16, k_pool, offs, D, 2, scale, s, stride); break;
+        default: qk_tile_dot(q16, k_pool, offs, D, 1, scale, s, stride); break;
+        }
+        return;
+    }
+#else
+    (void)q16;
+#endif
+    switch (gn) {
+#if GT >= 4
+    case 4: qk_tile(q, k_pool, kind, offs, D, 4, scale, s, stride); break;
+    case 3: qk_tile(q, k_pool, kind, offs, D, 3, scale, s, stride); break;
+#endif
+    case 2: qk_tile(q, k_pool, kind, offs, D, 2, scale, s, stride); break;
+    default: qk_tile(q, k_pool, kind, offs, D, 1, scale, s, stride); break;
+    }
+}
+
+#define PV_CASES(gn)                                                                                          \
+    if (dn >= 4) pv_tile(w, stride, v_pool, kind, offs, d0, o, D, gn, 4);                                      \
+    else if (dn >= 2) pv_tile(w, stride, v_pool, kind, offs, d0, o, D, gn, 2);                                 \
+    else pv_tile(w, stride, v_pool, kind, offs, d0, o, D, gn, 1);
+
+/* Returns how many vectors of head_dim it covered from d0 (4, 2 or 1). */
+ALWAYS_INLINE int pv_rows(const float *w, int64_t stride, const void *v_pool, const int kind, const int64_t *offs, int d0,
+                          float *o, int D, int gn) {
+    const int dn = (D - d0) / VL;
+    switch (gn) {
+#if GT >= 4
+    case 4: PV_CASES(4) break;
+    case 3: PV_CASES(3) break;
+#endif
+    case 2: PV_CASES(2) break;
+    default: PV_CASES(1) break;
+    }
+    return dn >= 4 ? 4 : dn >= 2 ? 2 : 1;
+}
+
+/* Row s[0 .. Np) -> the softmax of s[lo .. hi) in place (after the soft cap, if any), 0 elsewhere;
+ * returns its log-sum-exp. Np is a multiple of the vector lanes; outside [lo, hi) the row is
+ * scratch, so the vector loops run over all of it and it is overwritten before it counts. */
+static float softmax_row(float *s, int64_t lo, int64_t hi, int64_t Np, float softcap) {
+    if (softcap > 0.0f) { /* cap * tanh(x / cap); tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|) */
+        const vf one = v_set1(1.0f), cap = v_set1(softcap), k = v_set1(-2.0f / softcap);
+        for (int64_t t = 0; t < Np; t += VL) {
+            vf x = v_load(s + t), e = v_exp_nonpositive(v_mul(v_abs(x), k));
+            v_store(s + t, v_mul(v_copysign(v_div(v_sub(one, e), v_add(one, e)), x), cap));
+        }
+    }
+    float m = -INFINITY;
+    for (int64_t t = lo; t < hi; t++) m = s[t] > m ? s[t] : m;
+    for (int64_t t = 0; t < lo; t++) s[t] = -INFINITY; /* e^(-inf - m) clamps to e^-87: ~1e-38 of the sum */
+    for (int64_t t = hi; t < Np; t++) s[t] = -INFINITY;
+    vf acc = v_zero(), mv = v_set1(m);
+    for (int64_t t = 0; t < Np; t += VL) {
+        vf e = v_exp_nonpositive(v_sub(v_load(s + t), mv));
+        v_store(s + t, e);
+        acc = v_add(acc, e);
+    }
+    float lanes[VL], sum = 0.0f;
+    v_store(lanes, acc);
+    for (int i = 0; i < VL; i++) sum += lanes[i];
+    const float inv = 1.0f / sum;
+    for (int64_t t = 0; t < Np; t++) s[t] = t >= lo && t < hi ? s[t] * inv : 0.0f;
+    return m + logf(sum);
+}
+
+/* One task: query positions [p0, p1) of a request (P = p1 - p0 of them, its queries' rows in q and
+ * out `q_stride` floats apart), the G rows of each of KV heads [h0, h0 + NH). Position p reads
+ * tokens [lo[p - p0], hi[p - p0]) of the request, all within [t0, t0 + N). q, out point at
+ * position p0's row of KV head h0; lse likewise (`lse_stride` floats between positions) or NULL.
+ * Scratch: scores [P * NH * G, Np], Np >= N a multiple of TB; score row ((p - p0) * NH + h) * G + g,
+ * column t - t0. */
+typedef struct {
+    const void *k_pool, *v_pool;
+    const int64_t *pages;
+    int KVH, D, page_size;
+    float scale, softcap;
+} Pool;
+
+ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q, int64_t q_stride, int P,
+                               const int64_t *lo, const int64_t *hi, int64_t t0, int64_t N, int h0, int NH, int G,
+                               float *scores, int64_t Np, uint16_t *q16, float *out, float *lse, int64_t lse_stride) {
+    const int D = pool->D, KVH = pool->KVH;
+    const int elem = kind == KIND_BF16 ? 2 : 4;
+#ifdef HAVE_DOT_BF16
+    if (q16) /* the task's query rows in bf16, in score-row order */
+        for (int p = 0; p < P; p++)
+            for (int r = 0; r < NH * G; r++)
+                for (int d = 0; d < D; d += 32)
+                    _mm512_storeu_si512((void *)(q16 + ((int64_t)p * NH * G + r) * D + d),
+                                        (__m512i)vbf_from_f32(q + p * q_stride + (int64_t)r * D + d));
+#endif
+    int64_t base[TB], ahead[TB], offs[TB]; /* rows of the block being read, and of the one to read next */
+#define BLOCK_AT(b0, dst) block_offsets(pool->pages, pool->page_size, t0 + (b0), N - (b0) < TB ? (int)(N - (b0)) : TB, KVH, D, dst)
+    BLOCK_AT(0, ahead);
+    for (int64_t b0 = 0; b0 < N; b0 += TB) { /* 1. scores, a block of tokens at a time */
+        memcpy(base, ahead, sizeof base);
+        if (b0 + TB < N) { /* the next block's K rows; after the last, the first block's V rows (step 3) */
+            BLOCK_AT(b0 + TB, ahead);
+            prefetch_block(pool->k_pool, elem, ahead, h0, NH, D);
+        } else {
+            BLOCK_AT(0, ahead);
+            prefetch_block(pool->v_pool, elem, ahead, h0, NH, D);
+        }
+        for (int p = 0; p < P; p++) {
+            const int64_t from = lo[p] - t0 > b0 ? (lo[p] - t0 - b0) & ~(int64_t)3 : 0; /* first group of 4 it reads */
+            const int64_t to = hi[p] - t0 - b0 < TB ? hi[p] - t0 - b0 : TB;
+            for (int h = 0; h < NH; h++) {
+                for (int i = 0; i < TB; i++) offs[i] = base[i] + (int64_t)(h0 + h) * D;
+                for (int g0 = 0; g0 < G; g0 += GT) {
+                    const int gn = G - g0 < GT ? G - g0 : GT;
+                    const int64_t row = ((int64_t)p * NH + h) * G + g0;
+                    const float *qr = q + p * q_stride + ((int64_t)h * G + g0) * D;
+                    const uint16_t *qr16 = q16 ? q16 + row * D : NULL;
+                    for (int64_t i = from; i < to; i += 4)
+                        qk_rows(qr, qr16, pool->k_pool, kind, offs + i, D, gn, pool->scale, scores + row * Np + b0 + i, Np);
+                }
+            }
+        }
+    }
+    for (int p = 0; p < P; p++) /* 2. softmax */
+        for (int r = 0; r < NH * G; r++) {
+            float l = softmax_row(scores + ((int64_t)p * NH * G + r) * Np, lo[p] - t0, hi[p] - t0, Np, pool->softcap);
+            if (lse) lse[p * lse_stride + r] = l;
+        }
+    for (int p = 0; p < P; p++) memset(out + p * q_stride, 0, (size_t)NH * G * D * sizeof(float));
+    for (int64_t b0 = 0; b0 < N; b0 += TB) { /* 3. the weighted V rows */
+        memcpy(base, ahead, sizeof base);
+        if (b0 + TB < N) {
+            BLOCK_AT(b0 + TB, ahead);
+            prefetch_block(pool->v_pool, elem, ahead, h0, NH, D);
+        }
+        for (int p = 0; p < P; p++) {
+            if (lo[p] - t0 >= b0 + TB || hi[p] - t0 <= b0) continue; /* the block is outside what it reads */
+            for (int h = 0; h < NH; h++) {
+                for (int i = 0; i < TB; i++) offs[i] = base[i] + (int64_t)(h0 + h) * D;
+                for (int g0 = 0; g0 < G; g0 += GT) {
+                    const int gn = G - g0 < GT ? G - g0 : GT;
+                    const int64_t row = ((int64_t)p * NH + h) * G + g0;
+                    float *o = out + p * q_stride + ((int64_t)h * G + g0) * D;
+                    for (int d0 = 0; d0 < D;)
+                        d0 += VL * pv_rows(scores + row * Np + b0, Np, pool->v_pool, kind, offs, d0, o, D, gn);
+                }
+            }
+        }
+    }
+#undef BLOCK_AT
+}
+
+static void attend_task_f32(const Pool *pool, const float *q, int64_t q_stride, int P, const int64_t *lo, const int64_t *hi,
+                            int64_t t0, int64_t N, int h0, int NH, int G, float *scores, int64_t Np, uint16_t *q16,
+                            float *out, float *lse, int64_t lse_stride) {
+    attend_task(KIND_F32, pool, q, q_stride, P, lo, hi, t0, N, h0, NH, G, scores, Np, q16, out, lse, lse_stride);
+}
+
+static void attend_task_bf16(const Pool *pool, const float *q, int64_t q_stride, int P, const int64_t *lo, const int64_t *hi,
+                             int64_t t0, int64_t N, int h0, int NH, int G, float *scores, int64_t Np, uint16_t *q16,
+                             float *out, float *lse, int64_t lse_stride) {
+    attend_task(KIND_BF16, pool, q, q_stride, P, lo, hi, t0, N, h0, NH, G, scores, Np, q16, out, lse, lse_stride);
+}
+
+#define PC 16 /* query positions per task: a request's K/V is read once per chunk of this many */
+
+/* The token range [lo, hi) of each query position of request b: its n queries are the last n of its
+ * kv_len tokens, each reading up to itself, the last `window` tokens of that when window > 0. */
+static inline void position_range(int64_t kv_len, int64_t n, int64_t i, int64_t window, int64_t *lo, int64_t *hi) {
+    *hi = kv_len - n + i + 1;
+    *lo = window > 0 && *hi > window ? *hi - window : 0;
+}
+
+int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, const void *v_pool, int kind,
+                                           const int64_t *pages, int64_t pages_stride, const int64_t *kv_lens,
+                                           const int64_t *q_starts, int B, int H, int KVH, int D, int page_size,
+                                           float scale, int64_t window, float softcap, float *out, float *lse) {
+    if (kind != KIND_F32 && kind != KIND_BF16) return 1;
+    if (H % KVH) return 2;
+    if (window < 0 || softcap < 0.0f) return 4;
+    if (D % VL) return 5;
+    const int G = H / KVH;
+    /* Tasks: (request, chunk of PC query positions), then split by KV head unless there are enough of
+     * them to keep every thread busy and a token's rows of all KV heads (one contiguous run) are
+     * small: a block of wide rows would crowd L1 (measured: 8 KV heads of 128 bf16 read 1.2x faster split). */
+    int64_t chunks = 0, widest = 0; /* widest: the most tokens one chunk reads (its scores' scratch) */
+    for (int b = 0; b < B; b++) {
+        const int64_t n = q_starts[b + 1] - q_starts[b];
+        if (n < 1 || n > kv_lens[b]) return 6;
+        for (int64_t c = 0; c < n; c += PC) {
+            int64_t lo0, hi0, lo1, hi1;
+            position_range(kv_lens[b], n, c, window, &lo0, &hi0);
+            position_range(kv_lens[b], n, (c + PC < n ? c + PC : n) - 1, window, &lo1, &hi1);
+            widest = hi1 - lo0 > widest ? hi1 - lo0 : widest;
+            chunks++;
+        }
+    }
+    int64_t *chunk_req = malloc(sizeof(int64_t) * 2 * (size_t)(chunks ? chunks : 1));
+    if (!chunk_req) return 3;
+    int64_t *chunk_pos = chunk_req + chunks, at = 0;
+    for (int b = 0; b < B; b++)
+        for (int64_t c = 0; c < q_starts[b + 1] - q_starts[b]; c += PC) chunk_req[at] = b, chunk_pos[at++] = c;
+    const int64_t row_bytes = (int64_t)KVH * D * (kind == KIND_BF16 ? 2 : 4);
+    const int splits = chunks >= 2 * omp_get_max_threads() && row_bytes <= 512 ? 1 : KVH;
+    const int per_task = KVH / splits;
+    const int64_t Np = (widest + TB - 1) / TB * TB;
+    const Pool pool = {k_pool, v_pool, NULL, KVH, D, page_size, scale, softcap};
+    void (*task_fn)(const Pool *, const float *, int64_t, int, const int64_t *, const int64_t *, int64_t, int64_t, int,
+                    int, int, float *, int64_t, uint16_t *, float *, float *, int64_t) =
+        kind == KIND_BF16 ? attend_task_bf16 : attend_task_f32;
+#ifdef HAVE_DOT_BF16
+    const int dot = kind == KIND_BF16 && D % 32 == 0; /* the bf16 dot product reads the pool as it is */
+#else
+    const int dot = 0;
+#endif
+    const size_t rows = (size_t)PC * per_task * G;
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *scratch = malloc(sizeof(float) * rows * (size_t)Np + (dot ? sizeof(uint16_t) * rows * (size_t)D : 0));
+        if (!scratch) {
+#pragma omp atomic write
+            failed = 3;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < chunks * splits; task++) {
+            if (!scratch) continue;
+            const int64_t b = chunk_req[task / splits], c = chunk_pos[task / splits];
+            const int h0 = (int)(task % splits) * per_task;
+            const int64_t n = q_starts[b + 1] - q_starts[b], P = n - c < PC ? n - c : PC;
+            int64_t lo[PC], hi[PC];
+            for (int64_t i = 0; i < P; i++) position_range(kv_lens[b], n, c + i, window, lo + i, hi + i);
+            Pool mine = pool;
+            mine.pages = pages + b * pages_stride;
+            const int64_t row = (q_starts[b] + c) * H + (int64_t)h0 * G; /* position c's first row of KV head h0 */
+            const int64_t N = hi[P - 1] - lo[0]; /* its scores' rows are this long, padded: not the widest task's */
+            task_fn(&mine, q + row * D, (int64_t)H * D, (int)P, lo, hi, lo[0], N, h0, per_task, G, scratch,
+                    (N + TB - 1) / TB * TB, dot ? (uint16_t *)(scratch + rows * (size_t)Np) : NULL, out + row * D,
+                    lse ? lse + row : NULL, H);
+        }
+        free(scratch);
+    }
+    free(chunk_req);
+    return failed;
+}

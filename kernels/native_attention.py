@@ -1,0 +1,108 @@
+"""The compiled CPU paged-attention kernel (csrc/paged_attention.c): build, load, call.
+
+Decodes, prefill chunks over a cached prefix and a cascade's shared prefix, the pool read
+in place. One C source, built per instruction set by native_build.py (AVX-512, AVX2,
+scalar: every variant builds on any x86 machine), the best variant this CPU runs chosen at load time,
+or the one RADIXRT_CPU_KERNEL_ISA names. Plain C through ctypes, not a torch extension:
+no torch headers to compile (a build takes about a second) and nothing for the user to
+install. Where it cannot build, the caller keeps the torch path (decode_attention.py)
+and the log says why, once.
+
+It serves pools of float32 and bfloat16; quantized pools (int8, fp8) and float16 take
+the torch path, which dequantizes them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+from radixrt.kernels.native_build import Isa, build, chosen_isa
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
+KINDS = {torch.float32: 0, torch.bfloat16: 1}  # pool dtype -> the kernel's `kind`
+ERRORS = {1: "unknown pool dtype", 2: "heads not a multiple of KV heads", 3: "out of memory",
+          4: "negative window or soft cap", 5: "head_dim not a multiple of the variant's vector lanes",
+          6: "a request with no queries, or more than its tokens"}  # fmt: skip
+
+
+class NativeAttention:
+    """The loaded kernel. Call it as `attend` is called, on the pool itself instead of a gather."""
+
+    def __init__(self, lib: Path, isa: Isa) -> None:
+        self.isa = isa
+        self._fn = getattr(ctypes.CDLL(str(lib)), f"radixrt_paged_attention_{isa.name}")
+        self._fn.restype = ctypes.c_int
+        p, i = ctypes.c_void_p, ctypes.c_int
+        f, i64 = ctypes.c_float, ctypes.c_int64
+        self._fn.argtypes = [p, p, p, i, p, i64, p, p, i, i, i, i, i, f, i64, f, p, p]
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        pages: torch.Tensor,
+        kv_lens: torch.Tensor,
+        scale: float,
+        want_lse: bool = False,
+        window: int | None = None,
+        softcap: float | None = None,
+        q_starts: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q: [T, heads, D] float32 query rows; k_pool, v_pool: [pages, page_size, kv_heads, D] float32
+        or bf16; pages: [B, P] int64 page ids from each request's first; kv_lens: [B] int64 tokens of
+        each request, its new ones included; q_starts: [B + 1] int64, request b's queries are rows
+        q_starts[b] .. q_starts[b + 1] - 1 of q, its last tokens, each attending causally up to
+        itself (None: one query per request, T == B: decode)
+        -> out [T, heads, D] float32, and lse [T, heads] float32 when want_lse (else None).
+        window: a query reads only the last `window` tokens up to itself; softcap: scores capped by
+        softcap * tanh(score / softcap) (see LayerAttention)."""
+        T, H, D = q.shape
+        B = kv_lens.shape[0]
+        _, page_size, kv_heads, _ = k_pool.shape
+        if q_starts is None:
+            assert T == B, "without q_starts, one query per request"
+            q_starts = torch.arange(B + 1, dtype=torch.int64)
+        for t in (q, k_pool, v_pool, pages, kv_lens, q_starts):
+            assert t.is_contiguous() and t.device.type == "cpu"
+        assert q.dtype == torch.float32 and pages.dtype == kv_lens.dtype == q_starts.dtype == torch.int64
+        out = torch.empty_like(q)
+        lse = torch.empty(T, H, dtype=torch.float32) if want_lse else None
+        err = self._fn(
+            q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), KINDS[k_pool.dtype], pages.data_ptr(), pages.shape[1],
+            kv_lens.data_ptr(), q_starts.data_ptr(), B, H, kv_heads, D, page_size, scale, window or 0, softcap or 0.0,
+            out.data_ptr(), lse.data_ptr() if lse is not None else None,
+        )
+        if err:
+            raise RuntimeError(f"paged attention kernel ({self.isa.name}) failed: {ERRORS.get(err, err)}")
+        return out, lse
+
+
+@functools.cache
+def build_variant(isa: Isa) -> NativeAttention:
+    """The kernel built for `isa` (whether or not this CPU can run it: callers check). Raises
+    RuntimeError (OSError from the loader) saying why it cannot be had."""
+    return NativeAttention(build(SOURCE, isa), isa)
+
+
+def load_native_attention(head_dim: int) -> NativeAttention | None:
+    """The variant to run for head_dim, built if needed; None (logged, with the reason) where it
+    cannot be built. A variant forced by RADIXRT_CPU_KERNEL_ISA that this CPU cannot run, or whose
+    vectors do not divide head_dim, raises ValueError: asked for, not quietly replaced."""
+    isa = chosen_isa(head_dim)
+    if head_dim % isa.lanes:
+        raise ValueError(f"the {isa.name} attention kernel needs head_dim a multiple of {isa.lanes}, not {head_dim}")
+    try:
+        kernel = build_variant(isa)
+    except (OSError, RuntimeError) as e:
+        logger.warning("CPU attention: the compiled kernel is unavailable (%s); using the torch path", e)
+        return None
+    logger.info("CPU attention: compiled kernel loaded (%s)", isa.name)
+    return kernel
