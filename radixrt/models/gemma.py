@@ -17,19 +17,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from radixrt.kernels import AttentionBackend
 from radixrt.models.config import ModelConfig
 from radixrt.models.family_options import SLIDING
 from radixrt.models.llama import DecoderLayer, LlamaForCausalLM, RMSNorm
 from radixrt.models.parallel import TPGroup
+from radixrt.models.rope import RotaryEmbedding
 
 
 class GemmaRMSNorm(RMSNorm):
     """x * rsqrt(mean(x^2) + eps) * (1 + weight), all in float32, rounded once."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+    gemma = True
 
 
 class GemmaDecoderLayer(DecoderLayer):
@@ -38,9 +37,19 @@ class GemmaDecoderLayer(DecoderLayer):
         self.pre_feedforward_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_feedforward_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, rope, attn):
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), positions, rope, attn))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As DecoderLayer.forward; each sublayer's output is normalized before it joins the stream."""
+        h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.post_attention_layernorm(self.self_attn(h, positions, rope, attn))
+        h, residual = self.pre_feedforward_layernorm.add_forward(h, residual)
+        return self.post_feedforward_layernorm(self.mlp(h)), residual
 
 
 class GemmaForCausalLM(LlamaForCausalLM):

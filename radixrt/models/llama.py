@@ -9,6 +9,11 @@ tensor-parallel rank's slice of each. Attention runs through the
 AttentionBackend, which owns the paged KV cache (and each layer's scale,
 sliding window and soft-capping: ModelConfig.attention_layers).
 
+The layers carry the residual stream beside their output, as vLLM does, so that the add
+before each norm fuses into it (add_rms_norm). The non-GEMM work (norms, rope, act * up)
+runs through the modules' `ops`: the compiled CPU kernels of kernels/fused_layers.py for
+bf16 activations on CPU, the torch references otherwise (use_layer_ops).
+
 Tensor parallelism (Megatron style): attention heads and the MLP's
 intermediate features are split across ranks (column-parallel in,
 row-parallel out, one all-reduce each); KV heads are split too, or
@@ -18,36 +23,39 @@ for the embedding and the LM head; experts split their intermediate features.
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixrt.kernels import AttentionBackend
+from radixrt.kernels.fused_layers import ACTIVATIONS, TORCH_LAYERS, TorchLayers, load_fused_layers  # noqa: F401
 from radixrt.models.config import ModelConfig
 from radixrt.models.moe import SparseMoE, moe_tensor_suffix
 from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding
 from radixrt.models.rope import RotaryEmbedding
 
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
-}
-
 
 class RMSNorm(nn.Module):
+    """Normalize in float32, round to the input dtype, then scale (as Hugging Face); see rms_norm_ref."""
+
+    gemma = False  # Gemma's variant (gemma.py): scale by (1 + weight) in float32, round once
+    ops: TorchLayers = TORCH_LAYERS
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in float32, then scale in the input dtype (as Hugging Face).
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps, self.gemma)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, residual: [T, hidden] -> (norm(residual + x), residual + x); without a residual yet
+        (the first layer) x is the stream: (norm(x), x). NOTE: may overwrite x and residual."""
+        if residual is None:
+            return self(x), x
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps, self.gemma)
 
 
 def rank_heads(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int, int, int]:
@@ -90,16 +98,17 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """Gated MLP: down(act(gate(x)) * up(x)), act SiLU (Llama) or tanh-GELU (Gemma)."""
 
+    ops: TorchLayers = TORCH_LAYERS
+
     def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
         _, inter = tp.split(cfg.intermediate_size, "intermediate_size")
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, 2 * inter, bias=cfg.mlp_bias)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, cfg.mlp_bias, tp)
-        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.act = cfg.hidden_act  # a key of ACTIVATIONS (ModelConfig checked it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.ops.act_mul(self.gate_up_proj(x), self.act))  # [T, 2 * inter] -> [T, inter]
 
 
 def make_mlp(cfg: ModelConfig, layer: int, tp: TPGroup) -> nn.Module:
@@ -120,9 +129,21 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = norm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = make_mlp(cfg, layer, tp)
 
-    def forward(self, x, positions, rope, attn):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [T, hidden] the previous layer's output; residual: the stream before it (None at the
+        first layer, whose x is the embedding) -> (this layer's output, the stream before it): the
+        stream after the layer is their sum. NOTE: may overwrite x and residual."""
+        h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(h, positions, rope, attn)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -143,6 +164,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg, self.tp = cfg, tp
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        # the norms', ropes' and MLPs' ops: compiled kernels for a CPU model (none to build for CUDA or meta)
+        cpu = self.embed_tokens.weight.device.type == "cpu"
+        self.layer_ops: TorchLayers = (load_fused_layers() if cpu else None) or TORCH_LAYERS
         self.layers = nn.ModuleList(self.layer_class(cfg, i, tp, self.norm_class) for i in range(cfg.num_layers))
         self.norm = self.norm_class(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = ColumnParallelLinear(cfg.hidden_size, self.embed_tokens.weight.shape[0], bias=False)
@@ -150,19 +174,22 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = self._rope(cfg.rope_theta, cfg.rope_scaling)
         self.layer_ropes = [self.rope] * cfg.num_layers  # each layer's rope (a plain list: no second registration)
+        use_layer_ops(self, self.layer_ops)
 
     def _rope(self, theta: float, scaling: dict[str, Any]) -> RotaryEmbedding:
         cfg = self.cfg
         rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
-        return RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, theta, scaling, rotary_dim)
+        rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, theta, scaling, rotary_dim)
+        rope.ops = self.layer_ops  # a subclass may make ropes after use_layer_ops (Gemma 3's sliding one)
+        return rope
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         """input_ids: [T]; positions: [T] rows of the rope tables (the positions themselves, except
         for a longrope model: RotaryEmbedding.table_rows) -> final hidden states [T, hidden] (before the norm)."""
-        x = self.embed(input_ids)
+        x, residual = self.embed(input_ids), None
         for layer, rope in zip(self.layers, self.layer_ropes):
-            x = layer(x, positions, rope, attn)
-        return x
+            x, residual = layer(x, residual, positions, rope, attn)
+        return x + residual
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -241,3 +268,12 @@ class LlamaForCausalLM(nn.Module):
             starts, counts, offsets = [start, start], [count, count], [0, count]
         dst = slice(offsets[index], offsets[index] + counts[index])
         return dst, slice(starts[index], starts[index] + counts[index])
+
+
+def use_layer_ops(model: nn.Module, ops: TorchLayers) -> None:
+    """Run the model's norms, ropes and MLP activations through ops (the compiled kernels or the
+    torch references). Setup only: the modules read it on every forward."""
+    model.layer_ops = ops
+    for module in model.modules():
+        if isinstance(module, (RMSNorm, MLP, RotaryEmbedding)):
+            module.ops = ops

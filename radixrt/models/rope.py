@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from radixrt.kernels.fused_layers import TORCH_LAYERS, TorchLayers, rotate
+
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -131,7 +133,9 @@ def _tables(freqs: RopeFrequencies, max_positions: int) -> tuple[torch.Tensor, t
 
 class RotaryEmbedding(torch.nn.Module):
     """Neox-style rotation (rotate_half) of the first rotary_dim features of each head, as
-    Hugging Face Llama/Qwen2/Phi-3 apply it."""
+    Hugging Face Llama/Qwen2/Phi-3 apply it, through `ops` (the compiled kernel or the torch path)."""
+
+    ops: TorchLayers = TORCH_LAYERS
 
     def __init__(
         self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any], rotary_dim: int | None = None
@@ -171,7 +175,7 @@ class RotaryEmbedding(torch.nn.Module):
         emb = torch.cat([angles, angles])  # [rotary_dim]
         cos, sin = emb.cos().float(), emb.sin().float()
         d = self.rotary_dim
-        rotated = _rotate(k[..., :d].float(), cos, sin).to(k.dtype)
+        rotated = rotate(k[..., :d].float(), cos, sin).to(k.dtype)
         return torch.cat([rotated, k[..., d:]], dim=-1) if self.partial else rotated
 
     def rows_for(self, positions: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -218,18 +222,5 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] table rows (the positions, or table_rows' answer); q: [T, heads, head_dim];
-        k: [T, kv_heads, head_dim]."""
-        # cos, sin: [T, 1, rotary_dim] in the activations' dtype, as Hugging Face does
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        if self.partial:
-            d = self.rotary_dim
-            return (torch.cat([_rotate(q[..., :d], cos, sin), q[..., d:]], dim=-1),
-                    torch.cat([_rotate(k[..., :d], cos, sin), k[..., d:]], dim=-1))
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+        k: [T, kv_heads, head_dim] -> (q, k) rotated, new tensors (kernels/fused_layers.py: rope_ref)."""
+        return self.ops.rope(q, k, self.cos, self.sin, positions)
