@@ -9,14 +9,19 @@ Candidates (each returns [B, heads, head_dim]):
               float32 matmuls and a softmax (kernels/decode_attention.py)
   pages       whole pages gathered by page id (index_select over [pages, page_size, ...]),
               padding masked, then grouped: the closest torch ops come to reading pages in place
-  native      the compiled kernel (kernels/csrc/decode_attention.c) reading the pool in place,
-              row by row from each request's pages, no gathered copy: what TorchBackend runs
-              where it builds (the torch path, `grouped`, where it does not)
+  native-ISA  the compiled kernel (kernels/csrc/paged_attention.c) reading the pool in place,
+              row by row from each request's pages, no gathered copy, once per variant this
+              CPU runs (native-avx512, native-avx2, native-scalar; kernels/native_build.py).
+              TorchBackend runs the best of them (`chosen`) where it builds, the torch path
+              (`grouped`) where it does not
 Sweeps one axis at a time around a base point (batch 64, 600 KV tokens, head_dim 64, GQA
 group 3 with 4 KV heads, page size 16, bf16), plus batch x KV length for both dtypes.
 Runs under the allocator a CPU worker starts with (radixrt/server/worker_env.py).
-Prints ms per candidate and the speedups of `native` and `grouped` over `sdpa`; writes
-bench/results/attention_cpu.json and .png.
+Candidates are timed in turn, round after round, and each reports its median (a load that
+comes and goes slows them alike). Prints ms per candidate, each native variant's GB/s (the
+K + V bytes one layer reads / its time) and that as a share of this host's copy bandwidth
+(peaks.copy_gbps; goal: >= 50%), and the speedups of `chosen` and `grouped` over `sdpa`;
+writes bench/results/attention_cpu.json (with peaks.host()) and .png.
 
     .venv/bin/python bench/attention_cpu.py [--quick] [--threads N]
 """
@@ -24,20 +29,21 @@ bench/results/attention_cpu.json and .png.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
-import os
-import sys
+import statistics
 import time
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from common import RESULTS, write_result
+from peaks import copy_gbps, host, run_as_worker
 from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache
-from radixrt.kernels.torch_backend import TorchBackend
-from radixrt.server.worker_env import find_tcmalloc, worker_env
 from radixrt.kernels.decode_attention import attend, group_queries
-from radixrt.kernels.native_decode import load_native_decode
+from radixrt.kernels.native_build import chosen_isa, runnable_isas
+from radixrt.kernels.native_attention import NativeAttention, build_variant
+from radixrt.kernels.torch_backend import TorchBackend
 
 KV_HEADS = 4
 MAX_GATHERED = 64 * 4096  # batch x KV tokens per case: bounds memory and time
@@ -72,8 +78,16 @@ class Setup:
         self.backend.init_forward(AttentionMetadata([1] * c.batch, [c.kv_len] * c.batch, self.page_table, out_slots, c.page_size))
         (self.plan,) = self.backend.layer_plans[0].decodes  # one length: one group
         self.scale = c.head_dim**-0.5
-        self.kernel = load_native_decode()
-        assert self.kernel is not None, "the compiled kernel did not build (see the log)"
+        # every variant this CPU runs whose vectors divide head_dim, best first; raises if one cannot build
+        self.kernels = {f"native-{isa.name}": build_variant(isa) for isa in runnable_isas() if c.head_dim % isa.lanes == 0}
+        self.chosen = f"native-{chosen_isa(c.head_dim).name}"  # the one TorchBackend runs
+        # K and V of every request, as one layer's decode reads them
+        self.kv_bytes = 2 * c.batch * c.kv_len * KV_HEADS * c.head_dim * self.cache.k[0].element_size()
+
+    def candidates(self) -> dict:
+        """name -> a call returning [B, heads, head_dim] in the model's dtype."""
+        torch_paths = {name: getattr(self, name) for name in TORCH_CANDIDATES}
+        return torch_paths | {name: functools.partial(self.native, k) for name, k in self.kernels.items()}
 
     def sdpa(self) -> torch.Tensor:
         flat_k, flat_v = (b.view(-1, KV_HEADS, self.c.head_dim) for b in (self.cache.k[0], self.cache.v[0]))
@@ -94,9 +108,9 @@ class Setup:
         o, _ = attend(group_queries(self.q, KV_HEADS), k, v, self.plan.run.bias, self.scale)
         return o.reshape(self.q.shape).to(self.q.dtype)
 
-    def native(self) -> torch.Tensor:
+    def native(self, kernel: NativeAttention) -> torch.Tensor:
         run = self.plan.run
-        out, _ = self.kernel(self.q.float(), self.cache.k[0], self.cache.v[0], run.pages, run.lens, self.scale)
+        out, _ = kernel(self.q.float(), self.cache.k[0], self.cache.v[0], run.pages, run.lens, self.scale)
         return out.to(self.q.dtype)
 
     def pages(self) -> torch.Tensor:
@@ -114,33 +128,40 @@ class Setup:
         return o.reshape(self.q.shape).to(self.q.dtype)
 
 
-CANDIDATES = ("sdpa", "sdpa_f32", "grouped", "pages", "native")
+TORCH_CANDIDATES = ("sdpa", "sdpa_f32", "grouped", "pages")
 
 
-def best_ms(fn, budget_s: float) -> float:
-    fn()
-    times: list[float] = []
+def median_ms(fns: dict, budget_s: float) -> dict[str, float]:
+    """name -> median ms of fns[name](), the candidates timed in turn, round after round: at least
+    3 rounds, then until budget_s per candidate is spent (20 at most). Call each once before."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
     start = time.perf_counter()
-    while len(times) < 3 or (time.perf_counter() - start < budget_s and len(times) < 20):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times) * 1e3
+    for r in range(20):
+        if r >= 3 and time.perf_counter() - start > budget_s * len(fns):
+            break
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
 
 
-def run_case(c: Case, budget_s: float) -> dict:
+def run_case(c: Case, budget_s: float, copy: float) -> dict:
     s = Setup(c)
-    ref = s.native().float()
-    row = {"case": c.__dict__}
-    for name in CANDIDATES:
-        fn = getattr(s, name)
+    fns = s.candidates()
+    ref = fns[s.chosen]().float()
+    for name, fn in fns.items():  # also each candidate's untimed first call: allocation, kernel selection
         err = (fn().float() - ref).abs().max().item()
-        assert err < 5e-2, f"{name} disagrees with native by {err} at {c}"
-        row[name] = best_ms(fn, budget_s)
-    row["speedup"] = row["sdpa"] / row["native"]
+        assert err < 5e-2, f"{name} disagrees with {s.chosen} by {err} at {c}"
+    row = {"case": c.__dict__, "chosen": s.chosen, **median_ms(fns, budget_s)}
+    row["gbps"] = {name: s.kv_bytes / row[name] / 1e6 for name in fns}  # bytes / ms / 1e6 = GB/s
+    row["copy_share"] = {name: gbps / copy for name, gbps in row["gbps"].items()}
+    row["speedup"] = row["sdpa"] / row[s.chosen]
     row["speedup_torch_path"] = row["sdpa"] / row["grouped"]
+    natives = "  ".join(f"{n} {row[n]:6.3f} ({row['gbps'][n]:5.1f} GB/s {100 * row['copy_share'][n]:3.0f}%)" for n in s.kernels)
     print(f"{c.dtype:8} B={c.batch:3} kv={c.kv_len:4} D={c.head_dim:3} g={c.group} ps={c.page_size:2}  "
-          + "  ".join(f"{n} {row[n]:7.2f}" for n in CANDIDATES) + f"  sdpa/native {row['speedup']:5.2f}x  sdpa/grouped {row['speedup_torch_path']:5.2f}x", flush=True)
+          + "  ".join(f"{n} {row[n]:7.2f}" for n in TORCH_CANDIDATES) + f"  {natives}"
+          + f"  sdpa/chosen {row['speedup']:5.2f}x  sdpa/grouped {row['speedup_torch_path']:5.2f}x", flush=True)  # fmt: skip
     return row
 
 
@@ -174,7 +195,7 @@ def plot(rows: list[dict], path) -> None:
     for ax, axis in zip(subplots, axes):
         sel = [r for r in rows if r["axis"] == axis]
         labels = [str(r["case"][axis]) for r in sel]
-        for name in CANDIDATES:
+        for name in sel[0]["gbps"]:  # every candidate, native variants included
             ax.plot(labels, [r[name] for r in sel], marker="o", label=name)
         ax.set_title(axis)
         ax.set_yscale("log")
@@ -186,25 +207,41 @@ def plot(rows: list[dict], path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def summarize(measured: list[dict]) -> None:
+    """Print the spread of the speedups and bandwidth shares over the distinct cases measured."""
+    def spread(x: list[float], fmt: str) -> str:
+        x = sorted(x)
+        return f"min {fmt.format(x[0])}, median {fmt.format(x[len(x) // 2])}, max {fmt.format(x[-1])}"
+
+    for key, what in (("speedup", "chosen native"), ("speedup_torch_path", "grouped (torch path)")):
+        print(f"{what} over sdpa: {spread([r[key] for r in measured], '{:.2f}x')} over {len(measured)} cases")
+    names = list(dict.fromkeys(n for r in measured for n in r["gbps"]))
+    for n in (n for n in names if n.startswith("native-")):
+        shares = [100 * r["copy_share"][n] for r in measured if n in r["copy_share"]]
+        print(f"{n} share of the copy bandwidth: {spread(shares, '{:.0f}%')}")
+    fastest = [min(r["gbps"], key=r.get) for r in measured]
+    print("fastest candidate per case: " + ", ".join(f"{n} {fastest.count(n)}" for n in names))
+
+
 def main() -> None:
-    if "RADIXRT_WORKER_ENV" not in os.environ:  # measure under the allocator a worker starts with
-        env = worker_env(tcmalloc=find_tcmalloc()) | {"RADIXRT_WORKER_ENV": "1"}
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    run_as_worker()  # measure under the allocator a worker starts with
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="the one-axis sweeps only")
+    ap.add_argument("--quick", action="store_true", help="the one-axis sweeps only, on a smaller budget")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--budget-s", type=float, default=0.5, help="timing budget per candidate and case")
+    ap.add_argument("--budget-s", type=float, default=None, help="timing budget per candidate and case (0.5 s; --quick 0.1 s)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    rows = []
-    for axis, c in cases(a.quick):
-        rows.append(dict(run_case(c, a.budget_s), axis=axis))
-    for key, what in (("speedup", "native"), ("speedup_torch_path", "grouped (torch path)")):
-        x = sorted(r[key] for r in rows)
-        print(f"{what} over sdpa: min {x[0]:.2f}x, median {x[len(x) // 2]:.2f}x, max {x[-1]:.2f}x over {len(rows)} cases")
-    print("fastest candidate per case: " + ", ".join(f"{n} {sum(min(CANDIDATES, key=r.get) == n for r in rows)}" for n in CANDIDATES))
-    print("wrote", write_result("attention_cpu", {"threads": torch.get_num_threads(), "rows": rows}))
+    budget = a.budget_s if a.budget_s is not None else 0.1 if a.quick else 0.5
+    copy = copy_gbps()
+    print(host(), f"copy {copy:.1f} GB/s (read + write); native: ms (GB/s of K + V read, share of copy)", flush=True)
+    rows, seen = [], {}
+    for axis, c in cases(a.quick):  # the base point is on every axis: measured once
+        seen[c] = seen.get(c) or run_case(c, budget, copy)
+        rows.append(dict(seen[c], axis=axis))
+    summarize(list(seen.values()))
+    result = {"threads": torch.get_num_threads(), "host": host(), "copy_gbps": copy, "rows": rows}
+    print("wrote", write_result("attention_cpu", result))
     plot(rows, RESULTS / "attention_cpu.png")
     print("wrote", RESULTS / "attention_cpu.png")
 
