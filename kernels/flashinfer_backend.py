@@ -5,13 +5,19 @@ carry; its wrapper signatures were checked with inspect), all arguments
 after page_size passed by keyword as 0.7.x requires.
 
 Per step, `init_forward` turns the batch's page tables into FlashInfer's CSR
-form (int32 kv_indptr / kv_indices / kv_last_page_len; every index array must
-be int32) and plans once: the decode wrapper when every request has one new
-token, the paged prefill wrapper otherwise (prefill chunks mixed with
-decodes). Every layer then writes its new K/V into the pool first and runs
-the planned kernel over the pool's own tensors, layout NHD =
-[num_pages, page_size, kv_heads, head_dim]. FlashInfer's `causal=True` is
-aligned bottom-right, which is exactly a chunk over a cached prefix.
+form (`paged_kv`: int32 kv_indptr / kv_indices / kv_last_page_len; every index
+array must be int32) and plans once: the decode wrapper when every request has
+one new token, the paged prefill wrapper otherwise (prefill chunks mixed with
+decodes). Nothing is read back from the device to do it: indptr and
+last_page_len (and the prefill's qo_indptr) are built on the host from the
+scheduler's lengths, which is where plan() reads them (given device tensors,
+it copies them to the CPU: a sync per step), and kv_indices is gathered on the
+device with sizes the host already knows (a boolean-mask select would sync
+too); tests/test_host_syncs.py counts the copies. Every layer then writes its
+new K/V into the pool first and runs the planned kernel over the pool's own
+tensors, layout NHD = [num_pages, page_size, kv_heads, head_dim]. FlashInfer's
+`causal=True` is aligned bottom-right, which is exactly a chunk over a cached
+prefix.
 
 Per-layer options (LayerAttention) are plan() arguments: `sm_scale`,
 `window_left` (= window - 1: FlashInfer counts the keys left of the query's
@@ -35,16 +41,57 @@ runs the same cases against both on a GPU).
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from radixrt.kernels.backend import AttentionBackend, AttentionMetadata, LayerAttention, layer_kinds
 from radixrt.kernels.kv_cache import PagedKVCache
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partials)
 TENSOR_CORE_GQA_GROUP = 4  # decode through the MMA kernel once the GQA group is this large (as SGLang)
+HEAD_DIMS = (64, 128, 256)  # what FlashInfer's decode and prefill kernels are instantiated for
+Q_DTYPES = (torch.bfloat16, torch.float16)  # query (model) dtypes it has kernels for: a float32 plan is a KeyError
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+DEVICE_TYPES = ("cuda",)  # where the kernels run (tests/test_host_syncs.py adds "meta" to trace a step's host work)
+
+
+def uses_tensor_cores(num_heads: int, kv_heads: int) -> bool:
+    """Whether decode runs FlashInfer's tensor-core (prefill) kernel rather than its CUDA-core decode kernel."""
+    return num_heads // kv_heads >= TENSOR_CORE_GQA_GROUP
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    """One step's page table in FlashInfer's CSR form: request b's pages are
+    indices[indptr[b]:indptr[b + 1]], the last of them holding last_page_len[b] tokens."""
+
+    indptr: torch.Tensor  # [B + 1] int32, on the host (pinned on CUDA)
+    indices: torch.Tensor  # [indptr[-1]] int32, on the page table's device
+    last_page_len: torch.Tensor  # [B] int32 in [1, page_size], on the host
+
+
+def host_int32(values: list[int], device: torch.device) -> torch.Tensor:
+    """values as an int32 host tensor, pinned when `device` is CUDA so that copies to it run asynchronously."""
+    return torch.tensor(values, dtype=torch.int32, pin_memory=device.type == "cuda")
+
+
+def paged_kv(meta: AttentionMetadata) -> PagedKV:
+    """meta's page table in CSR form, without a device-to-host copy: the lengths come from the
+    host lists, and the device gathers each request's first pages with sizes known up front."""
+    ps, dev = meta.page_size, meta.page_table.device
+    n_pages = [-(-n // ps) for n in meta.kv_lens]  # [B] pages per request
+    indptr = host_int32([0, *itertools.accumulate(n_pages)], dev)  # [B + 1]
+    last_page_len = host_int32([n - (p - 1) * ps for n, p in zip(meta.kv_lens, n_pages)], dev)  # [B]
+    total = sum(n_pages)
+    counts = torch.tensor(n_pages, dtype=torch.int64, pin_memory=dev.type == "cuda").to(dev, non_blocking=True)  # [B]
+    starts = torch.cumsum(counts, 0) - counts  # [B] first flat index of each request
+    # output_size: repeat_interleave would otherwise read the counts' sum back to size its output
+    req = torch.repeat_interleave(torch.arange(len(n_pages), device=dev), counts, output_size=total)  # [total]
+    col = torch.arange(total, device=dev) - starts[req]  # [total] page-table column of each flat entry
+    return PagedKV(indptr, meta.page_table[req, col].to(torch.int32), last_page_len)
 
 
 def plan_options(la: LayerAttention) -> dict[str, Any]:
@@ -64,14 +111,19 @@ class FlashInferBackend(AttentionBackend):
                 "kv_cache_dtype 'int8' is not supported by attention_backend 'flashinfer'; "
                 "use attention_backend 'torch', or kv_cache_dtype fp8_e4m3 / fp8_e5m2"
             )
+        if cache.dtype not in Q_DTYPES:
+            raise ValueError(
+                f"dtype {str(cache.dtype).removeprefix('torch.')} is not supported by attention_backend 'flashinfer' "
+                "(its kernels take bfloat16 or float16); use dtype bfloat16, float16 or auto, or attention_backend 'torch'"
+            )
         device = cache.k[0].device
-        if device.type != "cuda":
+        if device.type not in DEVICE_TYPES:
             raise ValueError("attention_backend 'flashinfer' needs a CUDA device; use 'torch' on CPU")
         import flashinfer  # optional: the `cuda` extra
 
         self.kv_heads = cache.k[0].shape[2]
         self.kinds, self._kind_of = layer_kinds(self.layers)  # distinct LayerAttentions; each layer's index into them
-        self.use_tensor_cores = num_heads // self.kv_heads >= TENSOR_CORE_GQA_GROUP
+        self.use_tensor_cores = uses_tensor_cores(num_heads, self.kv_heads)
         # The decode docstring asks for a zeroed workspace on first use.
         self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         # one wrapper per kind (a wrapper holds one plan: one scale, window and cap)
@@ -91,31 +143,24 @@ class FlashInferBackend(AttentionBackend):
         or decode ones, or a graph's from `graph_decode_wrappers` (planned here, outside its
         graph, before every replay).
 
-        NOTE: plan() is host work (it reads indptr back to the CPU and schedules the
-        split-KV partition), so it must never run inside a CUDA graph capture.
+        NOTE: plan() is host work (it schedules the split-KV partition from the host
+        indptr), so it must never run inside a CUDA graph capture.
         """
         if len(wrappers) != len(self.kinds):
             raise ValueError(f"{len(wrappers)} wrappers for {len(self.kinds)} attention kinds: give one per kind")
         self.meta = meta
-        dev, ps = meta.out_slots.device, meta.page_size
-        kv_lens = torch.tensor(meta.kv_lens, dtype=torch.int32, device=dev)  # [B]
-        n_pages = (kv_lens + ps - 1) // ps  # [B]
-        kv_indptr = F.pad(torch.cumsum(n_pages, 0, dtype=torch.int32), (1, 0))  # [B + 1]
-        cols = torch.arange(meta.page_table.shape[1], device=dev)
-        kv_indices = meta.page_table[cols[None, :] < n_pages[:, None]].to(torch.int32)  # row-major: request by request
-        last_page_len = (kv_lens - (n_pages - 1) * ps).to(torch.int32)  # [B], in [1, page_size]
+        kv, ps = paged_kv(meta), meta.page_size
         # q stays in the model's dtype; an fp8 pool is read as fp8 (k_scale / v_scale passed to run)
         dtypes = dict(q_data_type=self.cache.dtype, kv_data_type=self.cache.storage_dtype)
         if wrappers is not self._prefill:  # decode wrappers, ours or a graph's
             for kind, w in zip(self.kinds, wrappers):
-                w.plan(kv_indptr, kv_indices, last_page_len, self.num_heads, self.kv_heads, self.head_dim, ps,
+                w.plan(kv.indptr, kv.indices, kv.last_page_len, self.num_heads, self.kv_heads, self.head_dim, ps,
                        **dtypes, **plan_options(kind))
         else:
-            qo = torch.tensor(meta.qo_lens, dtype=torch.int32, device=dev)
-            qo_indptr = F.pad(torch.cumsum(qo, 0, dtype=torch.int32), (1, 0))  # [B + 1]
+            qo_indptr = host_int32([0, *itertools.accumulate(meta.qo_lens)], kv.indices.device)  # [B + 1]
             for kind, w in zip(self.kinds, wrappers):
-                w.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, self.num_heads, self.kv_heads, self.head_dim, ps,
-                       causal=True, **dtypes, **plan_options(kind))
+                w.plan(qo_indptr, kv.indptr, kv.indices, kv.last_page_len, self.num_heads, self.kv_heads, self.head_dim,
+                       ps, causal=True, **dtypes, **plan_options(kind))
         self._layer_wrappers = [wrappers[i] for i in self._kind_of]
 
     def graph_decode_wrappers(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, last_page_len: torch.Tensor) -> list[Any]:
@@ -143,3 +188,67 @@ class FlashInferBackend(AttentionBackend):
         return self._layer_wrappers[layer].run(
             q, (self.cache.k[layer], self.cache.v[layer]), k_scale=self.cache.k_scale[layer], v_scale=self.cache.v_scale[layer]
         )
+
+
+# -- the kernels a configuration compiles ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class JitModule:
+    """One FlashInfer kernel module that this backend's plans load, compiled on first use unless
+    built ahead (scripts/gpu_check.sh builds the whole list in one parallel build).
+
+    As FlashInfer 0.6.13 chooses (decode.py / prefill.py, read at that version): decode is its
+    CUDA-core decode module, or under tensor cores its prefill module in fa2; paged (and ragged)
+    prefill with backend "auto" takes fa3 on SM90 when q and KV share a 16-bit dtype (FA3 wants an
+    fp8 query for fp8 KV), else fa2. Windows and soft caps are compile-time switches.
+    """
+
+    kind: str  # "decode" or "prefill"
+    backend: str  # prefill only: "fa2" or "fa3"; "" for decode
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    head_dim: int
+    window: bool
+    softcap: bool
+
+
+def jit_modules(
+    num_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype,
+    layers: Sequence[LayerAttention], sm90: bool = True,
+) -> list[JitModule]:
+    """The modules a FlashInferBackend of this shape plans, decode and prefill, for every kind among
+    `layers`, in first-use order without repeats. Raises ValueError naming what FlashInfer has no
+    kernel for (head_dim, dtypes, a head count that is not a whole number of KV heads)."""
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim}: FlashInfer's kernels take {', '.join(map(str, HEAD_DIMS))}")
+    if dtype not in Q_DTYPES:
+        raise ValueError(f"dtype {dtype}: FlashInfer's kernels take bfloat16 or float16 queries")
+    if kv_dtype != dtype and kv_dtype not in FP8_DTYPES:
+        raise ValueError(f"kv dtype {kv_dtype}: FlashInfer reads the model's dtype ({dtype}) or fp8")
+    if num_heads < 1 or kv_heads < 1 or num_heads % kv_heads:
+        raise ValueError(f"{num_heads} query heads over {kv_heads} KV heads: need a whole number of query heads per KV head")
+    prefill = "fa3" if sm90 and kv_dtype == dtype else "fa2"
+    mods: list[JitModule] = []
+    for la in layer_kinds(layers)[0]:
+        opts = dict(q_dtype=dtype, kv_dtype=kv_dtype, head_dim=head_dim, window=la.window is not None,
+                    softcap=la.softcap is not None)
+        decode = JitModule("prefill", "fa2", **opts) if uses_tensor_cores(num_heads, kv_heads) else JitModule("decode", "", **opts)
+        for m in (decode, JitModule("prefill", prefill, **opts)):
+            if m not in mods:
+                mods.append(m)
+    return mods
+
+
+def jit_specs(modules: Sequence[JitModule]) -> list[Any]:
+    """FlashInfer's JitSpecs for `modules` (flashinfer.jit; constructing one writes its generated
+    sources under FlashInfer's workspace, compiling is `flashinfer.jit.build_jit_specs`)."""
+    from flashinfer.jit import gen_batch_decode_module, gen_batch_prefill_module
+
+    specs = []
+    for m in modules:
+        common = (m.q_dtype, m.kv_dtype, m.q_dtype, torch.int32, m.head_dim, m.head_dim, 0, m.window, m.softcap)
+        if m.kind == "decode":
+            specs.append(gen_batch_decode_module(*common))
+        else:
+            specs.append(gen_batch_prefill_module(m.backend, *common, False))  # False: no fp16 QK reduction
+    return specs

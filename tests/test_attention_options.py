@@ -160,6 +160,7 @@ def test_torch_backend_decode_only_step_under_windows():
     assert all(not p.prefills for p in backend.layer_plans)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("shapes", [STEP, DECODES_ONLY], ids=["mixed", "decode"])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_flashinfer_layer_options_match_naive(shapes, page_size):

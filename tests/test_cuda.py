@@ -7,7 +7,11 @@ the tiny models' is 16. bf16 on the GPU against an fp32 reference: logprobs agre
 
 Decode CUDA graphs: replay against eager FlashInfer decode on the same pool (exact and
 padded batch sizes, padding never touching a real page), and the engine's greedy output
-with graphs on and off.
+with graphs on and off; tensor-core decode (a GQA group of 4 or more) under graphs, on a
+bf16 and an fp8 pool, against the torch backend.
+
+Every test here carries the `cuda` marker: scripts/gpu_check.sh runs `pytest -m cuda` on the
+GPU machine. Engines capture few graphs (cuda_graph_max_bs) where the count does not matter.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import radixrt
 import torch
 from helpers import corpus_prompts, hf_logprobs
 from make_tiny_model import ensure_model
-from radixrt.kernels import AttentionMetadata
+from radixrt.kernels import AttentionMetadata, LayerAttention
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none is present")
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none is present")]
 
 
 @pytest.mark.parametrize("backend", ["flashinfer", "torch"])
@@ -33,7 +37,7 @@ def test_engine_on_cuda_matches_transformers_logprobs(backend, page_size, llama_
     path = ensure_model("llama", "100m")
     prompts = corpus_prompts(llama_path, [40, 150, 300], seed=31)  # token ids < 1024 fit its vocabulary
     with radixrt.Engine(model_path=str(path), dtype="bfloat16", device="cuda", attention_backend=backend,
-                        page_size=page_size, chunked_prefill_size=64, max_total_tokens=8192) as engine:
+                        page_size=page_size, chunked_prefill_size=64, max_total_tokens=8192, cuda_graph_max_bs=4) as engine:
         results = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 8, "temperature": 0},
                                   return_logprob=True, logprob_start_len=0)
         info = engine.get_server_info()
@@ -211,7 +215,7 @@ def test_sink_window_on_flashinfer_with_graphs_follows_the_torch_backend_past_th
     runs = {}
     for backend in ("flashinfer", "torch"):
         with radixrt.Engine(model_path=str(path), dtype="bfloat16", device="cuda", attention_backend=backend,
-                            page_size=16, max_total_tokens=4096) as engine:
+                            page_size=16, max_total_tokens=4096, cuda_graph_max_bs=1) as engine:
             n = engine.get_server_info()["context_length"] + 200
             sp = {"max_new_tokens": n, "temperature": 0, "ignore_eos": True,
                   "kv_retention": {"policy": "sink_window", "window_tokens": 128}}
@@ -225,3 +229,47 @@ def test_sink_window_on_flashinfer_with_graphs_follows_the_torch_backend_past_th
             top = ref["meta_info"]["output_top_logprobs"][j]
             assert top[0][0] - top[1][0] < 0.05, f"token {j}: {a} on flashinfer, {b} on torch"
             break
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"], ids=["bf16", "fp8_e4m3"])
+def test_tensor_core_decode_graphs_match_the_torch_backend(kv_cache_dtype):
+    """A GQA group of 4 (FlashInfer decodes through its tensor-core kernel) under CUDA graphs, exact
+    and padded batch sizes, on a bf16 pool and on an fp8 one (read as fp8, k_scale / v_scale passed):
+    replays match eager FlashInfer, and both match the torch backend over the same pool."""
+    pytest.importorskip("flashinfer", reason="flashinfer-python (the `cuda` extra) is not installed")
+    from radixrt.kernels import PagedKVCache, create_attention_backend
+    from radixrt.kernels.flashinfer_backend import TENSOR_CORE_GQA_GROUP
+    from radixrt.worker.cuda_graph import DecodeGraphRunner
+
+    D, heads, kv_heads, ps, max_pages = 64, 16, 4, 16, 32
+    layers = [LayerAttention(D**-0.5)] * 2
+    dev = torch.device("cuda")
+    cache = PagedKVCache(len(layers), 8 * max_pages + 8, ps, kv_heads, D, torch.bfloat16, dev, kv_cache_dtype)
+    attn = create_attention_backend("flashinfer", cache, heads, D, layers)
+    assert heads // kv_heads >= TENSOR_CORE_GQA_GROUP and attn.use_tensor_cores
+    reference = create_attention_backend("torch", cache, heads, D, layers)
+    torch.manual_seed(1)
+    model = ToyAttentionModel(len(layers), heads, kv_heads, D).to(dev, torch.bfloat16)
+    rng = random.Random(1)
+    with torch.inference_mode():
+        everywhere = torch.arange(cache.num_pages * ps, device=dev)
+        for layer in range(len(layers)):  # through write(), so that an fp8 pool holds quantized values
+            cache.write(layer, everywhere, *(torch.randn(len(everywhere), kv_heads, D, device=dev).bfloat16() for _ in "kv"))
+        graphs = DecodeGraphRunner(model, attn, [1, 2, 4, 8], max_pages)
+        for n in [8, 5, 1, 3]:
+            free = list(range(cache.num_pages))
+            rng.shuffle(free)
+            kv_lens = [rng.randint(1, max_pages * ps) for _ in range(n)]
+            tables = [[free.pop() for _ in range(math.ceil(L / ps))] for L in kv_lens]
+            page_table = torch.tensor([t + [0] * (max_pages - len(t)) for t in tables], device=dev)
+            out_slots = torch.tensor([t[(L - 1) // ps] * ps + (L - 1) % ps for t, L in zip(tables, kv_lens)], device=dev)
+            meta = AttentionMetadata([1] * n, kv_lens, page_table, out_slots, ps)
+            ids = torch.randint(0, 1024, (n,), device=dev)
+            pos = torch.tensor([L - 1 for L in kv_lens], device=dev)
+            reference.init_forward(meta)
+            want = model(ids, pos, reference).float()  # every run writes the same new K/V
+            attn.init_forward(meta)
+            eager = model(ids, pos, attn).float()
+            got = graphs.replay(meta, ids, pos).float()
+            torch.testing.assert_close(got, eager, atol=3e-2, rtol=3e-2, msg=lambda m: f"batch {n}, graph vs eager: {m}")
+            torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2, msg=lambda m: f"batch {n}, graph vs torch: {m}")

@@ -179,6 +179,7 @@ def test_torch_backend_quantized_pool_close_to_model_dtype_pool(kv_dtype):
     assert 0 < worst < BACKEND_BOUND[kv_dtype]
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
 def test_flashinfer_fp8_pool_matches_torch_backend(kv_dtype):
     """FlashInfer reads the fp8 pool itself (kv_data_type fp8, k_scale/v_scale): held to the torch backend."""

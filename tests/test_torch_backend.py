@@ -42,7 +42,7 @@ MIXED = [(0, 7), (13, 5), (20, 1), (1, 1), (0, 1), (37, 9), (64, 1)]  # plain pr
 DECODES = [(20, 1), (1, 1), (0, 1), (64, 1), (37, 1)]
 
 
-@pytest.mark.parametrize("backend_name", ["torch", "flashinfer"])
+@pytest.mark.parametrize("backend_name", ["torch", pytest.param("flashinfer", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("shapes", [MIXED, DECODES], ids=["mixed", "decode"])
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])

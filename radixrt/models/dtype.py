@@ -10,6 +10,11 @@ over fp32, prefill / decode: 0.53 / 0.73 on the tiny model, 0.17 / 0.78 on
 the ~100M one; bench/results/dtype_cpu.json), so downcasting there would cost
 speed, and exactness too (the CPU parity tests hold float32 checkpoints to
 transformers in float32), for nothing.
+
+An explicit `--dtype float32` is served as asked, as in SGLang. On CUDA only the torch attention
+backend can run it: FlashInfer has kernels for bfloat16 and float16 queries alone (a float32
+plan is a KeyError inside it), so FlashInferBackend refuses a float32 model when the worker
+starts, naming the dtype and the ways out (tests/test_cuda_dtype.py).
 """
 
 from __future__ import annotations

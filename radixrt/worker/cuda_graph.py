@@ -17,8 +17,10 @@ eagerly, as does everything on the torch backend.
 
 Per replay: pad the batch to the next captured size, copy the step's inputs
 into the buffers, plan the size's wrappers for this step's page table (host
-work, outside the graph: it rewrites the wrappers' buffers in place), replay,
-and return the first n rows of the graph's output.
+work, outside the graph: it rewrites the wrappers' buffers in place, from
+lengths the host already holds, so nothing is read back from the device before
+the replay; tests/test_host_syncs.py checks it), replay, and return the first n
+rows of the graph's output.
 
 Logits are computed outside the graph, by the caller: which rows need them
 (sampled rows, prompt-logprob rows) changes per step, the LM head over padding

@@ -410,7 +410,8 @@ class ModelRunner:
         input_ids = torch.tensor([t for e in entries for t in e.input_ids], dtype=torch.int64, device=dev)
         qo = torch.tensor(qo_lens, dtype=torch.int64, device=dev)
         starts = torch.tensor([e.start_pos for e in entries], dtype=torch.int64, device=dev)
-        req_of_row = torch.repeat_interleave(torch.arange(len(entries), device=dev), qo)  # [T]
+        # output_size: the host knows T; without it repeat_interleave reads qo's sum back from the device
+        req_of_row = torch.repeat_interleave(torch.arange(len(entries), device=dev), qo, output_size=len(input_ids))  # [T]
         first_row = torch.cumsum(qo, 0) - qo  # [B]
         positions = starts[req_of_row] + torch.arange(len(input_ids), device=dev) - first_row[req_of_row]  # [T]
         max_pages = math.ceil(max(kv_lens) / self.page_size)
