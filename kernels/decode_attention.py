@@ -1,8 +1,8 @@
 """Decode attention on CPU: one query token per request over its gathered KV, in float32.
 
-The torch path where the compiled kernel (native_attention.py) cannot build, the
-shared-prefix half of cascade decoding, and the explicit scores a soft-capped
-layer's prefill needs (torch_backend.capped_prefill). Grouped matmuls, not
+The torch path where the compiled kernel (native_attention.py) cannot build or the
+pool is quantized (decodes, and the shared-prefix half of cascade decoding), and the
+explicit scores a soft-capped layer's prefill needs there (torch_backend.capped_prefill). Grouped matmuls, not
 scaled_dot_product_attention: with one query row and bf16 K/V, SDPA's CPU
 kernels are 2.6-6x slower than two batched matmuls and a softmax over the same
 data; in fp32 they are even (bench/attention_cpu.py measures both over batch,

@@ -93,12 +93,9 @@ def build_variant(isa: Isa) -> NativeAttention:
 
 
 def load_native_attention(head_dim: int) -> NativeAttention | None:
-    """The variant to run for head_dim, built if needed; None (logged, with the reason) where it
-    cannot be built. A variant forced by RADIXRT_CPU_KERNEL_ISA that this CPU cannot run, or whose
-    vectors do not divide head_dim, raises ValueError: asked for, not quietly replaced."""
+    """The variant to run for head_dim (native_build.chosen_isa: a forced one that cannot serve
+    raises ValueError), built if needed; None (logged, with the reason) where it cannot be built."""
     isa = chosen_isa(head_dim)
-    if head_dim % isa.lanes:
-        raise ValueError(f"the {isa.name} attention kernel needs head_dim a multiple of {isa.lanes}, not {head_dim}")
     try:
         kernel = build_variant(isa)
     except (OSError, RuntimeError) as e:

@@ -17,6 +17,7 @@ takes about a second, loading a cached one a millisecond.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -72,7 +73,8 @@ def runnable_isas(flags: frozenset[str] | None = None) -> list[Isa]:
 
 def chosen_isa(head_dim: int | None = None) -> Isa:
     """The variant to run: RADIXRT_CPU_KERNEL_ISA's, else the best runnable one whose vectors
-    divide head_dim. Raises ValueError for a forced name that is unknown or cannot run here."""
+    divide head_dim. Raises ValueError for a forced name that is unknown, cannot run here, or
+    whose vectors do not divide head_dim: asked for, not quietly replaced."""
     runnable = runnable_isas()
     forced = os.environ.get(ISA_ENV, "").strip().lower()
     if forced:
@@ -81,6 +83,8 @@ def chosen_isa(head_dim: int | None = None) -> Isa:
         isa = ISA_BY_NAME[forced]
         if isa not in runnable:
             raise ValueError(f"{ISA_ENV}={forced}: this CPU lacks {', '.join(sorted(isa.needs - (cpu_flags() or set())))}")
+        if head_dim is not None and head_dim % isa.lanes:
+            raise ValueError(f"{ISA_ENV}={forced}: its kernels need head_dim a multiple of {isa.lanes}, not {head_dim}")
         return isa
     return next(isa for isa in runnable if head_dim is None or head_dim % isa.lanes == 0)
 
@@ -95,6 +99,7 @@ def cache_dir() -> Path:
     return Path(base) / "radixrt" / "kernels"
 
 
+@functools.cache
 def _compiler_version(cc: str) -> str:
     done = subprocess.run([cc, "--version"], check=False, capture_output=True, text=True)
     return done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout else cc

@@ -167,6 +167,21 @@ class ToyAttentionModel(torch.nn.Module):
         return out
 
 
+def random_decode_steps(cache, max_pages: int, rng: random.Random):
+    """Decode steps of 8, 5, 1 and 3 requests over random lengths on shuffled pages of `cache`:
+    (n, AttentionMetadata, input ids [n], positions [n]) per step."""
+    dev, ps = cache.k[0].device, cache.page_size
+    for n in [8, 5, 1, 3]:
+        free = list(range(cache.num_pages))
+        rng.shuffle(free)
+        kv_lens = [rng.randint(1, max_pages * ps) for _ in range(n)]
+        tables = [[free.pop() for _ in range(math.ceil(L / ps))] for L in kv_lens]
+        page_table = torch.tensor([t + [0] * (max_pages - len(t)) for t in tables], device=dev)
+        out_slots = torch.tensor([t[(L - 1) // ps] * ps + (L - 1) % ps for t, L in zip(tables, kv_lens)], device=dev)
+        meta = AttentionMetadata([1] * n, kv_lens, page_table, out_slots, ps)
+        yield n, meta, torch.randint(0, 1024, (n,), device=dev), torch.tensor([L - 1 for L in kv_lens], device=dev)
+
+
 def test_decode_graphs_run_each_layer_with_its_attention_kind():
     """Sliding + capped and full layers (two kinds, Gemma 2's pattern): every graph size holds one
     decode wrapper per kind, each planned per replay; replays match eager FlashInfer on sequences
@@ -190,16 +205,7 @@ def test_decode_graphs_run_each_layer_with_its_attention_kind():
             buf.copy_(torch.randn(buf.shape, device=dev).to(buf.dtype))
         graphs = DecodeGraphRunner(model, attn, [1, 2, 4, 8], max_pages)
         assert all(len(w) == 2 for w in graphs.wrappers.values())
-        for n in [8, 5, 1, 3]:
-            free = list(range(cache.num_pages))
-            rng.shuffle(free)
-            kv_lens = [rng.randint(1, max_pages * ps) for _ in range(n)]
-            tables = [[free.pop() for _ in range(math.ceil(L / ps))] for L in kv_lens]
-            page_table = torch.tensor([t + [0] * (max_pages - len(t)) for t in tables], device=dev)
-            out_slots = torch.tensor([t[(L - 1) // ps] * ps + (L - 1) % ps for t, L in zip(tables, kv_lens)], device=dev)
-            meta = AttentionMetadata([1] * n, kv_lens, page_table, out_slots, ps)
-            ids = torch.randint(0, 1024, (n,), device=dev)
-            pos = torch.tensor([L - 1 for L in kv_lens], device=dev)
+        for n, meta, ids, pos in random_decode_steps(cache, max_pages, rng):
             attn.init_forward(meta)
             want = model(ids, pos, attn).float()  # eager; writes the new K/V
             got = graphs.replay(meta, ids, pos).float()
@@ -256,16 +262,7 @@ def test_tensor_core_decode_graphs_match_the_torch_backend(kv_cache_dtype):
         for layer in range(len(layers)):  # through write(), so that an fp8 pool holds quantized values
             cache.write(layer, everywhere, *(torch.randn(len(everywhere), kv_heads, D, device=dev).bfloat16() for _ in "kv"))
         graphs = DecodeGraphRunner(model, attn, [1, 2, 4, 8], max_pages)
-        for n in [8, 5, 1, 3]:
-            free = list(range(cache.num_pages))
-            rng.shuffle(free)
-            kv_lens = [rng.randint(1, max_pages * ps) for _ in range(n)]
-            tables = [[free.pop() for _ in range(math.ceil(L / ps))] for L in kv_lens]
-            page_table = torch.tensor([t + [0] * (max_pages - len(t)) for t in tables], device=dev)
-            out_slots = torch.tensor([t[(L - 1) // ps] * ps + (L - 1) % ps for t, L in zip(tables, kv_lens)], device=dev)
-            meta = AttentionMetadata([1] * n, kv_lens, page_table, out_slots, ps)
-            ids = torch.randint(0, 1024, (n,), device=dev)
-            pos = torch.tensor([L - 1 for L in kv_lens], device=dev)
+        for n, meta, ids, pos in random_decode_steps(cache, max_pages, rng):
             reference.init_forward(meta)
             want = model(ids, pos, reference).float()  # every run writes the same new K/V
             attn.init_forward(meta)

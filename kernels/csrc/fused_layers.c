@@ -175,23 +175,12 @@ static inline size_t elem_size(int kind) { return kind == KIND_BF16 ? 2 : 4; }
 
 static inline int threads_for(int64_t work, int threads) { return work >= PAR_MIN_WORK && threads > 1 ? threads : 1; }
 
-/* e^x over the whole range (simd.h's v_exp_nonpositive serves x <= 0 only): Cephes' expf, about
- * 1 ulp, x = n ln2 + r with |r| <= ln2 / 2, e^r by its polynomial, 2^n into the exponent bits.
+/* e^x over the whole range (v_exp_nonpositive serves x <= 0 only), by simd.h's v_exp_reduced.
  * Below -86 it returns about e^-86 instead of a smaller number (every caller adds the result to
  * 1); above 88.72 +inf; NaN stays NaN. The scale is applied as (2 p) 2^(n - 1) so that n = 128
  * keeps the exponent field finite and overflows only when e^x does. */
 static inline vf v_exp(vf x) {
-    x = v_min(v_set1(89.0f), v_max(v_set1(-86.0f), x));
-    vf n = v_floor(v_fma(x, v_set1(1.44269504088896341f), v_set1(0.5f)));
-    vf r = v_fma(n, v_set1(-0.693359375f), x);
-    r = v_fma(n, v_set1(2.12194440e-4f), r);
-    vf p = v_set1(1.9875691500e-4f);
-    p = v_fma(p, r, v_set1(1.3981999507e-3f));
-    p = v_fma(p, r, v_set1(8.3334519073e-3f));
-    p = v_fma(p, r, v_set1(4.1665795894e-2f));
-    p = v_fma(p, r, v_set1(1.6666665459e-1f));
-    p = v_fma(p, r, v_set1(5.0000001201e-1f));
-    p = v_fma(v_mul(p, r), r, v_add(r, v_set1(1.0f)));
+    vf n, p = v_exp_reduced(v_min(v_set1(89.0f), v_max(v_set1(-86.0f), x)), &n);
     return v_mul(v_add(p, p), v_pow2i(v_sub(n, v_set1(1.0f))));
 }
 

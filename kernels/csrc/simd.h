@@ -129,23 +129,26 @@ static inline void v_hsum4(vf a, vf b, vf c, vf d, float *out) {
 #define CAT(a, b) CAT_(a, b)
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-/* e^x for x <= 0 (a score minus its row's max), Cephes' expf: x = n ln2 + r with |r| <= ln2 / 2,
- * e^r by its degree-7 polynomial (about 1 ulp), 2^n into the exponent bits. The -87 clamp keeps
- * 2^n a normal float; e^-87 is below every weight that counts. */
-static inline vf v_exp_nonpositive(vf x) {
-    x = v_max(x, v_set1(-87.0f));
-    vf n = v_floor(v_fma(x, v_set1(1.44269504088896341f), v_set1(0.5f)));
-    vf r = v_fma(n, v_set1(-0.693359375f), x);
-    r = v_fma(n, v_set1(2.12194440e-4f), r);
+/* Cephes' expf, about 1 ulp: x = n ln2 + r with |r| <= ln2 / 2 and e^r by its degree-7 polynomial;
+ * returns e^r and sets *n, so e^x = e^r 2^n. x must be clamped to where the caller's scaling holds. */
+static inline vf v_exp_reduced(vf x, vf *n) {
+    *n = v_floor(v_fma(x, v_set1(1.44269504088896341f), v_set1(0.5f)));
+    vf r = v_fma(*n, v_set1(-0.693359375f), x);
+    r = v_fma(*n, v_set1(2.12194440e-4f), r);
     vf p = v_set1(1.9875691500e-4f);
     p = v_fma(p, r, v_set1(1.3981999507e-3f));
     p = v_fma(p, r, v_set1(8.3334519073e-3f));
     p = v_fma(p, r, v_set1(4.1665795894e-2f));
     p = v_fma(p, r, v_set1(1.6666665459e-1f));
     p = v_fma(p, r, v_set1(5.0000001201e-1f));
-    p = v_fma(v_mul(p, r), r, v_add(r, v_set1(1.0f)));
-    return v_mul(p, v_pow2i(n));
+    return v_fma(v_mul(p, r), r, v_add(r, v_set1(1.0f)));
 }
 
+/* e^x for x <= 0 (a score minus its row's max). The -87 clamp keeps 2^n a normal float; e^-87 is
+ * below every weight that counts. */
+static inline vf v_exp_nonpositive(vf x) {
+    vf n, p = v_exp_reduced(v_max(x, v_set1(-87.0f)), &n);
+    return v_mul(p, v_pow2i(n));
+}
 
 #endif /* RADIXRT_SIMD_H */
