@@ -16,6 +16,7 @@ from radixrt.retention import POLICIES, SERVER_NAMES, Retention
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
 CPU_MATMUL_DTYPES = ("auto", "model", "float32")  # radixrt/models/cpu_matmul.py
+CPU_WEIGHT_PACKINGS = ("auto", "onednn", "none")  # radixrt/models/cpu_matmul.py
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 TOOL_CALL_PARSERS = ("hermes", "qwen25", "llama3")  # radixrt/server/tool_calls.py
 CHAT_TEMPLATE_NAMES = (  # radixrt/server/chat_templates.py
@@ -89,6 +90,11 @@ class ServerArgs:
         "auto", "on CPU, what a bfloat16/float16 model's linear layers compute in: model (its dtype), float32 (exact "
         "float32 copies of its weights; faster where the CPU has no half GEMM units), or auto: from the CPU's flags "
         "(amx_bf16, avx512_bf16; amx_fp16, avx512_fp16), confirmed by an interleaved measurement"
+    )
+    cpu_weight_packing: str = _arg(
+        "auto", "on CPU, how the linear layers multiply: onednn (through weights packed once for oneDNN, as vLLM's CPU "
+        "linears; an error where oneDNN cannot pack the weights' dtype), none (torch's F.linear), or auto: onednn "
+        "wherever oneDNN packs the dtype on this CPU"
     )
     context_length: int | None = _arg(None, "maximum tokens per sequence (default: the model's max_position_embeddings)")
     page_size: int = _arg(1, "tokens per KV page")
@@ -202,6 +208,10 @@ class ServerArgs:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.cpu_matmul_dtype not in CPU_MATMUL_DTYPES:
             raise ValueError(f"cpu_matmul_dtype must be one of {CPU_MATMUL_DTYPES}, got {self.cpu_matmul_dtype!r}")
+        if self.cpu_weight_packing not in CPU_WEIGHT_PACKINGS:
+            raise ValueError(
+                f"cpu_weight_packing must be one of {CPU_WEIGHT_PACKINGS}, got {self.cpu_weight_packing!r}"
+            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.page_size < 1:

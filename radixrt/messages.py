@@ -347,6 +347,8 @@ class WorkerReady(msgspec.Struct, tag=True):
     memory: WorkerMemory | None = None  # rank 0's, once loaded
     matmul_dtype: str = ""  # what the linear layers compute in (models/cpu_matmul.py), and why
     matmul_dtype_reason: str = ""
+    weight_packing: str = ""  # "onednn" or "none": through which kernel they multiply, and why
+    weight_packing_reason: str = ""
 
 
 class SchedulerReady(msgspec.Struct, tag=True):

@@ -1,5 +1,6 @@
-"""How a CPU worker computes: half-precision linears through float32 weights (cpu_matmul.py),
-the allocator its process starts with (worker_env.py), and the threads it takes.
+"""How a CPU worker computes: half-precision linears through float32 weights and through
+oneDNN-packed weights (cpu_matmul.py), the allocator its process starts with (worker_env.py),
+and the threads it takes.
 
 The float32-weight path must still be the half model: its logits stay as close to
 transformers' bf16 logits as the native bf16 path's are, the layers pass on bf16, and a tied
@@ -20,8 +21,13 @@ from radixrt.kernels import AttentionMetadata, PagedKVCache
 from radixrt.kernels.torch_backend import TorchBackend
 from radixrt.models import ModelConfig, load_model
 from radixrt.models import cpu_matmul
-from radixrt.models.cpu_matmul import choose_matmul_dtype, hold_linear_weights_in
-from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear
+from radixrt.models.cpu_matmul import (
+    choose_matmul_dtype,
+    choose_weight_packing,
+    hold_linear_weights_in,
+    pack_linear_weights,
+)
+from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup
 from radixrt.kernels.native_build import find_compiler
 from radixrt.server.worker_env import GLIBC_KEEP, worker_env
 from radixrt.worker import model_runner
@@ -110,6 +116,62 @@ def test_the_matmul_dtype_comes_from_the_flags_and_a_measurement_confirms_it(mon
     assert choose_matmul_dtype(torch.bfloat16, CPU, "float32").dtype == torch.float32
     assert choose_matmul_dtype(torch.float32, CPU).dtype == torch.float32
     assert choose_matmul_dtype(torch.bfloat16, torch.device("cuda")).dtype == torch.bfloat16
+
+
+def packable(dtype: torch.dtype) -> bool:
+    return choose_weight_packing(dtype, CPU).packed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weights_compute_what_f_linear_does(dtype):
+    """Both layer kinds, a bias, a batch of none, of one and of many rows, 3-d inputs, and a
+    model-dtype input through float32-held weights: the packed product is F.linear's, to the
+    summation order of another GEMM kernel."""
+    if not packable(dtype):
+        pytest.skip(f"oneDNN cannot pack {dtype} here: {choose_weight_packing(dtype, CPU).reason}")
+    torch.manual_seed(0)
+    column = ColumnParallelLinear(96, 80, bias=True).to(dtype)
+    row = RowParallelLinear(80, 96, bias=True, tp=TPGroup())
+    with torch.no_grad():
+        row.weight.normal_(), row.bias.normal_()
+    row.to(dtype)
+    model = torch.nn.Sequential(column, row)
+    inputs = [torch.randn(*shape, 96, dtype=dtype) for shape in ((0,), (1,), (37,), (3, 5))]
+    with torch.inference_mode():
+        plain = [model(x) for x in inputs]
+        pack_linear_weights(model)
+        assert column.packed is not None and row.packed is not None
+        packed = [model(x) for x in inputs]
+    tol = 1e-5 if dtype == torch.float32 else 2**-6
+    for x, a, b in zip(inputs, plain, packed):
+        assert b.shape == a.shape == (*x.shape[:-1], 96) and b.dtype == dtype
+        assert torch.allclose(b.float(), a.float(), rtol=tol, atol=tol * max(a.float().abs().amax().item() if a.numel() else 0.0, 1.0))
+    if packable(torch.float32):  # a bf16 model's layers held in float32 still pass bf16 on
+        held = torch.nn.Sequential(ColumnParallelLinear(96, 80, bias=False).to(torch.bfloat16))
+        hold_linear_weights_in(held, torch.float32)
+        x = torch.randn(4, 96, dtype=torch.bfloat16)
+        with torch.inference_mode():
+            want = held(x)
+            pack_linear_weights(held)
+            got = held(x)
+        assert got.dtype == torch.bfloat16 and (got.float() - want.float()).abs().max().item() <= 2**-7
+
+
+def test_weight_packing_is_a_capability_asked_of_onednn(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "_cannot_pack", lambda dtype: None)
+    assert choose_weight_packing(torch.float32, CPU).packed
+    assert choose_weight_packing(torch.float32, CPU, "onednn").packed
+    assert not choose_weight_packing(torch.float32, CPU, "none").packed
+    assert not choose_weight_packing(torch.float32, torch.device("cuda")).packed
+    why = "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+    monkeypatch.setattr(cpu_matmul, "_cannot_pack", lambda dtype: why)
+    choice = choose_weight_packing(torch.bfloat16, CPU)
+    assert not choice.packed and why in choice.reason
+    with pytest.raises(ValueError, match="cannot pack bfloat16 weights here: bf16 path needs"):
+        choose_weight_packing(torch.bfloat16, CPU, "onednn")
+    monkeypatch.undo()  # what oneDNN says of itself here: either way a reason, never an exception
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert choose_weight_packing(dtype, CPU).reason
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):

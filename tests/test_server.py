@@ -116,6 +116,9 @@ def test_bad_input_gets_a_4xx_naming_the_problem_and_the_server_serves_on(server
 def test_native_details_the_sglang_client_relies_on(server):
     info = requests.get(server + "/get_model_info", timeout=10).json()
     assert info["model_path"].endswith("llama-tiny")
+    info = requests.get(server + "/get_server_info", timeout=10).json()  # how the worker's linears compute, and why
+    assert info["weight_packing"] in ("onednn", "none") and info["weight_packing_reason"]
+    assert info["matmul_dtype"] and info["matmul_dtype_reason"]
     r = post(server, "/generate", {"text": "The river", "sampling_params": {"max_new_tokens": 0}}).json()
     assert r["text"] == "" and r["meta_info"]["prompt_tokens"] == 2
     r = post(server, "/generate", {"text": "The river runs", "sampling_params": {"max_new_tokens": 2, "stop": [], "temperature": None},

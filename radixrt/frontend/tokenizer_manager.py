@@ -113,7 +113,10 @@ class TokenizerManager:
         self.context_length = worker.context_length
         self.vocab_size = worker.vocab_size
         # what the worker decided at load, for /get_server_info
-        self.worker_info = {"matmul_dtype": worker.matmul_dtype, "matmul_dtype_reason": worker.matmul_dtype_reason}
+        self.worker_info = {
+            "matmul_dtype": worker.matmul_dtype, "matmul_dtype_reason": worker.matmul_dtype_reason,
+            "weight_packing": worker.weight_packing, "weight_packing_reason": worker.weight_packing_reason,
+        }
         self._eos_ids = list(worker.eos_ids)
         self._grammars: GrammarCompiler | None = None  # made on the first constrained request
         self._grammar_lock = threading.Lock()

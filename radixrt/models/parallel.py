@@ -4,7 +4,9 @@ Column-parallel layers are nn.Linear with this rank's output rows;
 row-parallel layers all-reduce their partial sums before adding the bias once.
 Both compute in their weight's dtype and return their input's dtype: weights
 held in float32 for a half-precision model (cpu_matmul.py) change where the
-arithmetic runs, not what the layers pass on.
+arithmetic runs, not what the layers pass on. On CPU a layer may also hold its
+weight packed once for oneDNN (`packed`, cpu_matmul.pack_linear_weights); it then
+multiplies through that copy, the same product in another kernel.
 The vocabulary splits in contiguous blocks for the embedding and the LM head.
 With size 1 every collective is skipped, so one code path serves both.
 """
@@ -44,11 +46,21 @@ class TPGroup:
         return torch.cat(parts, dim=-1)
 
 
+def _linear(weight: torch.Tensor, packed: torch.Tensor | None, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight^T (+ bias) in the weight's dtype, through the packed copy when there is one."""
+    x = x.to(weight.dtype)
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 class ColumnParallelLinear(nn.Linear):
     """y = x @ W_shard^T + b_shard: this rank's output features (nn.Linear's parameters)."""
 
+    packed: torch.Tensor | None = None  # the weight as oneDNN holds it (cpu_matmul.pack_linear_weights)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+        return _linear(self.weight, self.packed, x, self.bias).to(x.dtype)
 
 
 class RowParallelLinear(nn.Module):
@@ -59,9 +71,10 @@ class RowParallelLinear(nn.Module):
         self.tp = tp
         self.weight = nn.Parameter(torch.empty(out_features, in_features))  # [out, in / tp]
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.packed: torch.Tensor | None = None  # as ColumnParallelLinear.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype))
+        y = self.tp.all_reduce(_linear(self.weight, self.packed, x, None).to(x.dtype))
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
 

@@ -29,7 +29,9 @@ Approximations:
     experts, embeddings, lm_head) is split evenly. An architecture that shards otherwise is
     approximated by this rule;
   * on CPU a half-precision model may hold its linear layers in float32 (cpu_matmul.py, decided by
-    a measurement at start), up to doubling the weights; the estimate counts the model's dtype;
+    a measurement at start), up to doubling the weights, and the linear layers may hold a second,
+    oneDNN-packed copy of their weights (--cpu-weight-packing); the estimate counts the model's
+    dtype, once;
   * a request's KV is ceil(avg_seq_len / page_size) pages: the average of the ceilings of a mixed
     workload can be up to a page more per request (the margin covers it when pages are short);
   * the host tier for `--reusable-prefix-tokens` is whole pool pages (the tier copies pages), per rank.

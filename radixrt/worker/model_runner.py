@@ -26,7 +26,13 @@ from radixrt.messages import (
     WorkerReady
 )
 from radixrt.models import ModelConfig, load_model, reload_weights
-from radixrt.models.cpu_matmul import MatmulChoice, choose_matmul_dtype, hold_linear_weights_in
+from radixrt.models.cpu_matmul import (
+    MatmulChoice,
+    choose_matmul_dtype,
+    choose_weight_packing,
+    hold_linear_weights_in,
+    pack_linear_weights,
+)
 from radixrt.models.dtype import resolve_dtype
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
@@ -91,6 +97,10 @@ class ModelRunner:
         logger.info("linear layers compute in %s: %s", self.matmul.dtype, self.matmul.reason)
         if self.matmul.dtype != dtype:
             hold_linear_weights_in(self.model, self.matmul.dtype)
+        self.packing = choose_weight_packing(self.matmul.dtype, device, args.cpu_weight_packing)
+        logger.info("linear layers multiply %s: %s", "through oneDNN-packed weights" if self.packing.packed
+                    else "through torch's F.linear", self.packing.reason)
+        self._pack_weights()
         _, heads, _, kv_heads = rank_heads(cfg, self.tp)
         self.bytes_per_token = PagedKVCache.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype, args.kv_cache_dtype)
         ranks_per_memory = self.tp.size if device.type == "cpu" else 1  # CPU ranks share the host's RAM
@@ -204,13 +214,13 @@ class ModelRunner:
         why = incompatibility(self.model_path, model_path)  # the headers first: nothing is read on a misfit
         if (failed := self._first_failed_rank(why is not None)) is not None:
             return WeightsLoaded(False, why or f"rank {failed} refused {model_path}; see its log")
-        why = self._try(lambda: reload_weights(self.model, model_path, self.device), f"loading {model_path}")
+        why = self._try(lambda: self._reload(model_path), f"loading {model_path}")
         failed = self._first_failed_rank(why is not None)
         if failed is None and self.cache.quantized:
             why = self._try(self._recheck_quantized_kv, "the quantized KV check")
             failed = self._first_failed_rank(why is not None)
         if failed is not None:
-            reload_weights(self.model, self.model_path, self.device)  # NOTE: a failure here ends the worker
+            self._reload(self.model_path)  # NOTE: a failure here ends the worker
             if self.cache.quantized:
                 self._recheck_quantized_kv()
             why = why or f"rank {failed} could not load {model_path}; see its log"
@@ -261,6 +271,16 @@ class ModelRunner:
         top = self._reduce(self.tp.size - self.tp.rank if failed else 0, torch.distributed.ReduceOp.MAX)
         return self.tp.size - top if top else None
 
+    def _reload(self, model_path: str) -> None:
+        """The weights at model_path in place of the ones held, their packed copies with them."""
+        reload_weights(self.model, model_path, self.device)
+        self._pack_weights()
+
+    def _pack_weights(self) -> None:
+        """The linear layers' packed copies, made anew from the weights they hold (where chosen)."""
+        if self.packing.packed:
+            pack_linear_weights(self.model)
+
     def _agree_matmul(self, choice: MatmulChoice) -> MatmulChoice:
         """Every rank computes as the others do: float32 if any rank chose it (ranks of one host
         read the same flags, so they differ only where a measurement overrode them)."""
@@ -304,6 +324,8 @@ class ModelRunner:
             memory=self.memory.read(),
             matmul_dtype=str(self.matmul.dtype).removeprefix("torch."),
             matmul_dtype_reason=self.matmul.reason,
+            weight_packing="onednn" if self.packing.packed else "none",
+            weight_packing_reason=self.packing.reason,
         )
 
     @torch.inference_mode()
