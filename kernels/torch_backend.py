@@ -107,6 +107,25 @@ class _CascadePlan:
 
 
 @dataclass
+class _NativeCascades:
+    """Every cascade group of a step through the compiled kernel, in two calls per layer whatever
+    the number of groups: one over all the shared prefixes, one over all the members' own tails.
+    For the prefix call each group's members go in pseudo-requests of `per` members over the
+    group's pages, each holding its members' query rows of a KV head as that head's group (the
+    kernel reads a KV block once for all of them); a group's last pseudo-request is padded with
+    copies of its last member, whose results are dropped."""
+
+    rows: torch.Tensor  # [M] int64 token rows of every member, group by group
+    groups: list[list[int]]  # the token rows of each group's members
+    per: int  # members per pseudo-request
+    spread: torch.Tensor  # [C * per] int64: the member (index into rows) each pseudo-request place holds
+    gather: torch.Tensor  # [M] int64: each member's place among the C * per
+    prefix_pages: torch.Tensor  # [C, shared] int64 its group's shared pages (padded with its first)
+    prefix_lens: torch.Tensor  # [C] int64 its group's shared tokens
+    tail: _KVRun  # [M] each member's own tail, after its group's shared pages
+
+
+@dataclass
 class _MassPlan:
     """A request whose attention mass the step sums over its layers."""
 
@@ -122,9 +141,16 @@ class _MassPlan:
 class StepPlan:
     """One step for the layers of one window: every layer planned with it runs these."""
 
-    cascades: list[_CascadePlan]
+    cascades: list[_CascadePlan]  # the torch path: one plan per group
     decodes: list[_DecodePlan]
     prefills: list[_PrefillPlan]
+    native_cascades: _NativeCascades | None = None  # the compiled kernel: every group at once
+
+    def cascade_groups(self) -> list[list[int]]:
+        """The token rows of each cascade group's members, whichever path reads them."""
+        if self.native_cascades is not None:
+            return self.native_cascades.groups
+        return [c.rows.tolist() for c in self.cascades]
 
 
 def shared_prefix_groups(page_table: torch.Tensor, reqs: list[int], kv_lens: list[int], page_size: int):
@@ -257,26 +283,35 @@ class TorchBackend(AttentionBackend):
         # NOTE: a request whose window does not reach back to its first token cannot read a shared
         # prefix whole, so it never joins a cascade; it decodes alone over its window.
         whole = [i for i in decode if window is None or meta.kv_lens[i] <= window]
-        cascades = []
-        for members, shared in shared_prefix_groups(meta.page_table, whole, meta.kv_lens, meta.page_size):
-            cascades.append(self._plan_cascade(meta, members, shared, starts, device))
-            decode = [i for i in decode if i not in members]
+        groups = shared_prefix_groups(meta.page_table, whole, meta.kv_lens, meta.page_size)
+        in_groups = {i for members, _ in groups for i in members}
+        decode = [i for i in decode if i not in in_groups]
         chunks = [i for i, n in enumerate(meta.qo_lens) if n > 1]
         if self.native is not None:  # one call: the kernel reads each request's own length, chunks causally
             rest = decode + chunks
-            return StepPlan(cascades, [self._plan_decode(meta, rest, starts, window, device)] if rest else [], [])
+            decodes = [self._plan_decode(meta, rest, starts, window, device)] if rest else []
+            return StepPlan([], decodes, [], self._plan_native_cascades(meta, groups, starts) if groups else None)
+        cascades = [self._plan_cascade(meta, members, shared, starts, device) for members, shared in groups]
         # The torch path pads, so it groups decodes by what they read; each chunk attends on its own.
         reads = meta.kv_lens if window is None else [min(n, window) for n in meta.kv_lens]
         decodes = [self._plan_decode(meta, g, starts, window, device) for g in decode_groups(reads, decode)]
         prefills = [self._plan_prefill(meta, i, starts, window, device) for i in chunks]
         return StepPlan(cascades, decodes, prefills)
 
-    def _plan_run(self, meta: AttentionMetadata, reqs: list[int], first_page: int, lens: list[int], window: int | None) -> _KVRun:
-        """reqs' KV from page column first_page on, lens[i] tokens each, of which they read the last `window`."""
+    def _plan_run(
+        self, meta: AttentionMetadata, reqs: list[int], first_page: int | list[int], lens: list[int], window: int | None
+    ) -> _KVRun:
+        """reqs' KV from page column first_page on (one for all, or each its own), lens[i] tokens each,
+        of which they read the last `window`."""
         device, ps = meta.page_table.device, meta.page_size
         idx = torch.tensor(reqs, dtype=torch.int64, device=device)
         n = torch.tensor(lens, dtype=torch.int64, device=device)
-        pages = meta.page_table[idx, first_page : first_page + math.ceil(max(lens) / ps)].contiguous()  # [B, P]
+        width = math.ceil(max(lens) / ps)
+        if isinstance(first_page, int):
+            pages = meta.page_table[idx, first_page : first_page + width].contiguous()  # [B, P]
+        else:  # past a request's own pages the columns are padding, clamped into the table: never read
+            cols = torch.tensor(first_page, dtype=torch.int64, device=device)[:, None] + torch.arange(width, device=device)
+            pages = meta.page_table[idx[:, None], cols.clamp(max=meta.page_table.shape[1] - 1)]
         if self.native is not None:
             return _KVRun(pages, n, window)
         read = n if window is None else n.clamp(max=window)  # [B] tokens each request reads
@@ -306,6 +341,33 @@ class TorchBackend(AttentionBackend):
         rows = torch.tensor([starts[i] for i in members], dtype=torch.int64, device=device)
         return _CascadePlan(rows, prefix_slots, meta.page_table[members[0], :shared].contiguous(), tail)
 
+    def _plan_native_cascades(
+        self, meta: AttentionMetadata, groups: list[tuple[list[int], int]], starts: list[int]
+    ) -> _NativeCascades:
+        """Every group in one plan (_NativeCascades). `per` keeps every thread busy when there are
+        few groups and pads no group: at most a share of all members, at most the smallest group."""
+        device, ps = meta.page_table.device, meta.page_size
+        members = [i for g, _ in groups for i in g]
+        per = max(1, min(-(-len(members) // (2 * torch.get_num_threads())), min(len(g) for g, _ in groups)))
+        spread, gather, pages, lens = [], [], [], []
+        widest = max(shared for _, shared in groups)
+        at = 0  # index of the group's first member in `members`
+        for g, shared in groups:
+            for c0 in range(0, len(g), per):
+                place = [at + min(c0 + j, len(g) - 1) for j in range(per)]  # the last member repeats
+                gather += [len(spread) + j for j in range(min(per, len(g) - c0))]
+                spread += place
+                row = meta.page_table[g[0], :shared]
+                pages.append(torch.cat([row, row[:1].expand(widest - shared)]))
+                lens.append(shared * ps)
+            at += len(g)
+        t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+        tail = self._plan_run(meta, members, [shared for g, shared in groups for _ in g],
+                              [meta.kv_lens[i] - shared * ps for g, shared in groups for i in g], None)
+        groups_rows = [[starts[i] for i in g] for g, _ in groups]
+        return _NativeCascades(t([r for g in groups_rows for r in g]), groups_rows, per, t(spread), t(gather), torch.stack(pages),
+                               t(lens), tail)
+
     def _plan_prefill(self, meta: AttentionMetadata, i: int, starts: list[int], window: int | None, device) -> _PrefillPlan:
         q_len, kv_len = meta.qo_lens[i], meta.kv_lens[i]
         prefix = kv_len - q_len
@@ -328,6 +390,8 @@ class TorchBackend(AttentionBackend):
         self.cache.write(layer, self.meta.out_slots, k, v)
         la, plan = self.layers[layer], self.layer_plans[layer]
         out = torch.empty_like(q)  # [T, heads, head_dim]
+        if (nc := plan.native_cascades) is not None:
+            out[nc.rows] = self._native_cascades(q[nc.rows], nc, layer, la)
         for c in plan.cascades:
             out[c.rows] = self._cascade(q[c.rows], c, layer, la)
         for d in plan.decodes:
@@ -346,7 +410,7 @@ class TorchBackend(AttentionBackend):
 
     def _cascade(self, q: torch.Tensor, c: _CascadePlan, layer: int, la: LayerAttention) -> torch.Tensor:
         """q: [G, heads, head_dim] -> [G, heads, head_dim], attending over shared prefix + own tail."""
-        op, lse_p = (self._prefix_torch if self.native is None else self._prefix_native)(q, c, layer, la)
+        op, lse_p = self._prefix_torch(q, c, layer, la)
         # Each member's own tail, then the two partial softmaxes merged by their log-sum-exps.
         ot, lse_t = self._attend_run(q, c.tail, layer, la)  # [G, heads, D], [G, heads]
         return merge(op, lse_p, ot, lse_t).to(q.dtype)
@@ -363,27 +427,20 @@ class TorchBackend(AttentionBackend):
         lse_p = lse_p.view(kv_heads, G, -1).permute(1, 0, 2)  # [G, kv_heads, group]
         return op.reshape(G, H, D), lse_p.reshape(G, H)
 
-    def _prefix_native(self, q: torch.Tensor, c: _CascadePlan, layer: int, la: LayerAttention) -> tuple[torch.Tensor, torch.Tensor]:
-        """The shared prefix through the compiled kernel, read in place: the members go in `chunks`
-        pseudo-requests over the same pages, each holding its members' query rows of a KV head as
-        that head's group (the kernel reads a KV block once for all of them), so every thread has
-        work. The last chunk is padded with copies of the last member, whose results are dropped."""
-        G, H, D = q.shape
-        kv_heads = self.cache.k[layer].shape[2]
-        chunks = min(G, 2 * torch.get_num_threads())
-        per = -(-G // chunks)
-        qg = group_queries(q, kv_heads)  # [G, kv_heads, group, D] float32
-        if chunks * per > G:
-            qg = torch.cat([qg, qg[-1:].expand(chunks * per - G, -1, -1, -1)])
-        # [chunks, kv_heads * per * group, D]: a chunk's rows of one KV head are that head's group
-        qc = qg.view(chunks, per, kv_heads, -1, D).transpose(1, 2).reshape(chunks, -1, D).contiguous()
-        pages = c.prefix_pages[None].expand(chunks, -1).contiguous()  # [chunks, shared]
-        lens = torch.full((chunks,), c.prefix_slots.numel(), dtype=torch.int64, device=q.device)
-        out, lse = self.native(qc, self.cache.k[layer], self.cache.v[layer], pages, lens, la.scale, want_lse=True,
-                               softcap=la.softcap)
-        out = out.view(chunks, kv_heads, per, -1, D).transpose(1, 2).reshape(chunks * per, H, D)[:G]
-        lse = lse.view(chunks, kv_heads, per, -1).transpose(1, 2).reshape(chunks * per, H)[:G]
-        return out, lse
+    def _native_cascades(self, q: torch.Tensor, nc: _NativeCascades, layer: int, la: LayerAttention) -> torch.Tensor:
+        """q: [M, heads, D] every member's query -> [M, heads, D]: the shared prefixes in one call (the
+        pseudo-requests of _NativeCascades), the tails in another, merged by their log-sum-exps."""
+        M, H, D = q.shape
+        kv_heads, C = self.cache.k[layer].shape[2], nc.prefix_lens.shape[0]
+        qg = group_queries(q, kv_heads)[nc.spread]  # [C * per, kv_heads, group, D] float32
+        # [C, kv_heads * per * group, D]: a pseudo-request's rows of one KV head are that head's group
+        qc = qg.view(C, nc.per, kv_heads, -1, D).transpose(1, 2).reshape(C, -1, D).contiguous()
+        op, lse_p = self.native(qc, self.cache.k[layer], self.cache.v[layer], nc.prefix_pages, nc.prefix_lens, la.scale,
+                                want_lse=True, softcap=la.softcap)
+        op = op.view(C, kv_heads, nc.per, -1, D).transpose(1, 2).reshape(C * nc.per, H, D)[nc.gather]
+        lse_p = lse_p.view(C, kv_heads, nc.per, -1).transpose(1, 2).reshape(C * nc.per, H)[nc.gather]
+        ot, lse_t = self._attend_run(q, nc.tail, layer, la)  # [M, heads, D], [M, heads]
+        return merge(op, lse_p, ot, lse_t).to(q.dtype)
 
     def _attend_run(
         self, q: torch.Tensor, run: _KVRun, layer: int, la: LayerAttention, q_starts: torch.Tensor | None = None

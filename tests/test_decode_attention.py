@@ -3,7 +3,7 @@ holds: the compiled kernel reading the pool in place (native_attention.py, csrc/
 and the torch path (grouped float32 matmuls over a head-major gather, decode_attention.py).
 
 One decode batch per case: ragged KV lengths (several length groups, padding inside each),
-three requests sharing prefix pages (the cascade path), over every page size, GQA group,
+two groups of requests sharing prefix pages of different lengths (the cascade path), over every page size, GQA group,
 head_dim, model dtype and pool format the issue names. The reference reads each request's
 K/V back through PagedKVCache.read, so a quantized pool is compared with what it stores:
 the tolerance is the attention's, not the quantizer's.
@@ -23,9 +23,15 @@ from radixrt.kernels.decode_attention import attend, merge
 from radixrt.kernels.torch_backend import TorchBackend
 
 KV_HEADS = 2
-SHARED = 80  # tokens of prefix pages shared by the first three requests (whole pages at 1 and 16)
-# KV length of each request after this step; the first three extend the shared prefix
-KV_LENS = [SHARED + 1, SHARED + 17, SHARED + 40, 1, 5, 16, 17, 33, 64, 100, 150]
+# Cascade groups: (their first request, members, tokens of prefix pages they share: whole pages at 1 and 16)
+GROUPS = [(0, 3, 80), (3, 2, 64)]
+# KV length of each request after this step; the groups' members extend their shared prefix
+KV_LENS = [81, 97, 120, 67, 84, 1, 5, 16, 17, 33, 64, 100, 150]
+
+
+def shared_of(i: int) -> tuple[int, int]:
+    """(the group's first request, its shared tokens) for a member of a cascade group; (i, 0) otherwise."""
+    return next(((first, shared) for first, n, shared in GROUPS if first <= i < first + n), (i, 0))
 
 
 def naive_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -40,15 +46,15 @@ def naive_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 
 
 def build_batch(page_size: int, seed: int) -> tuple[torch.Tensor, int]:
-    """Page tables [reqs, max_pages] with scattered pages; the first three share SHARED tokens of pages."""
+    """Page tables [reqs, max_pages] with scattered pages; each of GROUPS shares its prefix's pages."""
     num_pages = sum(math.ceil(n / page_size) for n in KV_LENS) + 8
     free = list(range(num_pages))
     random.Random(seed).shuffle(free)
-    shared = [free.pop() for _ in range(SHARED // page_size)]
+    prefixes = {first: [free.pop() for _ in range(shared // page_size)] for first, _, shared in GROUPS}
     tables = []
     for i, n in enumerate(KV_LENS):
-        own_from = SHARED if i < 3 else 0
-        tables.append((shared if i < 3 else []) + [free.pop() for _ in range(math.ceil((n - own_from) / page_size))])
+        first, shared = shared_of(i)
+        tables.append(prefixes.get(first, []) + [free.pop() for _ in range(math.ceil((n - shared) / page_size))])
     width = max(len(t) for t in tables)
     return torch.tensor([t + [0] * (width - len(t)) for t in tables]), num_pages
 
@@ -93,16 +99,20 @@ def test_decode_batch_matches_naive(path, kv_dtype, dtype, page_size, group, hea
     cache = PagedKVCache(layers, num_pages, page_size, KV_HEADS, head_dim, dtype, torch.device("cpu"), kv_dtype)
     backend = TorchBackend(cache, heads, head_dim, [LayerAttention(scale)] * layers, native=native)
     slots_of = lambda i, pos: page_table[i, pos // page_size] * page_size + pos % page_size  # noqa: E731
-    for layer in range(layers):  # history before this step (the shared prefix is written thrice: same values)
-        shared_k, shared_v = torch.randn(SHARED, KV_HEADS, head_dim), torch.randn(SHARED, KV_HEADS, head_dim)
+    for layer in range(layers):  # history before this step (a shared prefix is written by each member: same values)
+        prefix = {first: (torch.randn(shared, KV_HEADS, head_dim), torch.randn(shared, KV_HEADS, head_dim))
+                  for first, _, shared in GROUPS}
         for i, n in enumerate(KV_LENS):
             k, v = torch.randn(n - 1, KV_HEADS, head_dim), torch.randn(n - 1, KV_HEADS, head_dim)
-            if i < 3:
-                k[:SHARED], v[:SHARED] = shared_k, shared_v
+            first, shared = shared_of(i)
+            if shared:
+                k[:shared], v[:shared] = prefix[first]
             cache.write(layer, slots_of(i, torch.arange(n - 1)), k.to(dtype), v.to(dtype))
     out_slots = torch.cat([slots_of(i, torch.tensor([n - 1])) for i, n in enumerate(KV_LENS)])
     backend.init_forward(AttentionMetadata([1] * len(KV_LENS), KV_LENS, page_table, out_slots, page_size))
-    assert [c.rows.tolist() for c in backend.layer_plans[0].cascades] == [[0, 1, 2]]
+    assert backend.layer_plans[0].cascade_groups() == [list(range(first, first + n)) for first, n, _ in GROUPS]
+    # the compiled kernel reads every group's prefix in one call and their tails in another
+    assert (backend.layer_plans[0].native_cascades is not None) == native
     assert not backend.layer_plans[0].prefills
     # the kernel reads each request's own length in one call; the torch path pads, in length groups
     assert len(backend.layer_plans[0].decodes) == 1 if native else len(backend.layer_plans[0].decodes) >= 3

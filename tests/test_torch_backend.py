@@ -132,7 +132,7 @@ def test_decodes_sharing_prefix_pages_attend_in_cascade_exactly(page_size, dtype
     all_kv = kv_lens + [20]
     out_slots = torch.cat([slots_of(i, torch.tensor([n - 1])) for i, n in enumerate(kv_lens)] + [slots_of(5, torch.arange(20))])
     backend.init_forward(AttentionMetadata(qo_lens, all_kv, page_table, out_slots, page_size))
-    assert len(backend.layer_plans[0].cascades) == 1 and backend.layer_plans[0].cascades[0].rows.tolist() == [0, 1, 2]
+    assert backend.layer_plans[0].cascade_groups() == [[0, 1, 2]]
     T = sum(qo_lens)
     for layer in range(layers):
         q = torch.randn(T, heads, D).to(dtype)
