@@ -210,6 +210,69 @@ ALWAYS_INLINE int pv_rows(const float *w, int64_t stride, const void *v_pool, co
     return dn >= 4 ? 4 : dn >= 2 ? 2 : 1;
 }
 
+/* ---- many query rows over one block: scores as a small GEMM -------------------------------------
+ * Where a task has many query rows per KV head (a prefill chunk's positions times the GQA group,
+ * or a cascade's members), each block's K is widened and transposed once, kt [D][TB], and a tile
+ * of RT query rows computes all TB scores with one broadcast per row and element: no horizontal
+ * sums, the K rows read once per block instead of once per row tile. The block's V is widened
+ * once likewise, vb [TB][D], for the output tiles. */
+#define NV (TB / VL) /* vectors per row of TB scores */
+#if VL == 16
+#define RT 12 /* rows per score tile: RT x NV accumulators, NV K vectors, one broadcast */
+#elif VL == 8
+#define RT 6
+#else
+#define RT 4
+#endif
+#define GEMM_MIN_ROWS 8 /* query rows per KV head from which a task's scores go through the GEMM tiles */
+
+#define MAX_GEMM_D 256 /* head_dim up to which the GEMM tiles serve (their block buffers are on the stack) */
+
+/* kt[d * TB + i] = K row i's element d (the rows at offs), in float32: the block transposed. */
+static inline void widen_transposed(const void *k_pool, const int kind, const int64_t *offs, int D, float *kt) {
+    for (int i = 0; i < TB; i++)
+        for (int d = 0; d < D; d += VL) {
+            float lanes[VL];
+            v_store(lanes, load_kind(k_pool, offs[i] + d, kind));
+            for (int l = 0; l < VL; l++) kt[(d + l) * TB + i] = lanes[l];
+        }
+}
+
+/* vb[i * D + d] = V row i's element d (the rows at offs), in float32. */
+static inline void widen_rows(const void *v_pool, const int kind, const int64_t *offs, int D, float *vb) {
+    for (int i = 0; i < TB; i++)
+        for (int d = 0; d < D; d += VL) v_store(vb + i * D + d, load_kind(v_pool, offs[i] + d, kind));
+}
+
+/* s_r[0 .. TB) = scale * q_r . k_i for rn rows: q rows at qp[r], score rows at sp[r]. */
+ALWAYS_INLINE void qk_gemm_tile(const float *const *qp, const float *kt, int D, const int rn, float scale, float *const *sp) {
+    vf acc[RT][NV];
+    for (int r = 0; r < rn; r++)
+        for (int j = 0; j < NV; j++) acc[r][j] = v_zero();
+    for (int d = 0; d < D; d++) {
+        vf k[NV];
+        for (int j = 0; j < NV; j++) k[j] = v_load(kt + d * TB + j * VL);
+        for (int r = 0; r < rn; r++) {
+            const vf x = v_set1(qp[r][d]);
+            for (int j = 0; j < NV; j++) acc[r][j] = v_fma(x, k[j], acc[r][j]);
+        }
+    }
+    const vf sc = v_set1(scale);
+    for (int r = 0; r < rn; r++)
+        for (int j = 0; j < NV; j++) v_store(sp[r] + j * VL, v_mul(acc[r][j], sc));
+}
+
+/* qk_gemm_tile over n rows, in tiles of RT, then of 4, 2 and 1 (each compiled with its constant). */
+static void qk_gemm_rows(const float *const *qp, const float *kt, int D, int n, float scale, float *const *sp) {
+    int r = 0;
+    for (; r + RT <= n; r += RT) qk_gemm_tile(qp + r, kt, D, RT, scale, sp + r);
+#if RT > 4
+    for (; r + 4 <= n; r += 4) qk_gemm_tile(qp + r, kt, D, 4, scale, sp + r);
+#endif
+    for (; r + 2 <= n; r += 2) qk_gemm_tile(qp + r, kt, D, 2, scale, sp + r);
+    for (; r < n; r++) qk_gemm_tile(qp + r, kt, D, 1, scale, sp + r);
+}
+
 /* Row s[0 .. Np) -> the softmax of s[lo .. hi) in place (after the soft cap, if any), 0 elsewhere;
  * returns its log-sum-exp. Np is a multiple of the vector lanes; outside [lo, hi) the row is
  * scratch, so the vector loops run over all of it and it is overwritten before it counts. */
@@ -221,21 +284,27 @@ static float softmax_row(float *s, int64_t lo, int64_t hi, int64_t Np, float sof
             v_store(s + t, v_mul(v_copysign(v_div(v_sub(one, e), v_add(one, e)), x), cap));
         }
     }
-    float m = -INFINITY;
-    for (int64_t t = lo; t < hi; t++) m = s[t] > m ? s[t] : m;
     for (int64_t t = 0; t < lo; t++) s[t] = -INFINITY; /* e^(-inf - m) clamps to e^-87: ~1e-38 of the sum */
     for (int64_t t = hi; t < Np; t++) s[t] = -INFINITY;
-    vf acc = v_zero(), mv = v_set1(m);
+    vf mv = v_set1(-INFINITY);
+    for (int64_t t = 0; t < Np; t += VL) mv = v_max(mv, v_load(s + t));
+    float lanes[VL], m = -INFINITY;
+    v_store(lanes, mv);
+    for (int i = 0; i < VL; i++) m = lanes[i] > m ? lanes[i] : m;
+    vf acc = v_zero();
+    mv = v_set1(m);
     for (int64_t t = 0; t < Np; t += VL) {
         vf e = v_exp_nonpositive(v_sub(v_load(s + t), mv));
         v_store(s + t, e);
         acc = v_add(acc, e);
     }
-    float lanes[VL], sum = 0.0f;
+    float sum = 0.0f;
     v_store(lanes, acc);
     for (int i = 0; i < VL; i++) sum += lanes[i];
-    const float inv = 1.0f / sum;
-    for (int64_t t = 0; t < Np; t++) s[t] = t >= lo && t < hi ? s[t] * inv : 0.0f;
+    const vf inv = v_set1(1.0f / sum);
+    for (int64_t t = 0; t < Np; t += VL) v_store(s + t, v_mul(v_load(s + t), inv));
+    memset(s, 0, sizeof(float) * (size_t)lo); /* outside the row's range the weights are exactly 0 */
+    memset(s + hi, 0, sizeof(float) * (size_t)(Np - hi));
     return m + logf(sum);
 }
 
@@ -266,6 +335,12 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                                         (__m512i)vbf_from_f32(q + p * q_stride + (int64_t)r * D + d));
 #endif
     int64_t base[TB], ahead[TB], offs[TB]; /* rows of the block being read, and of the one to read next */
+    const int gemm = P * G >= GEMM_MIN_ROWS && D <= MAX_GEMM_D;
+    float kt[MAX_GEMM_D * TB], vb[TB * MAX_GEMM_D]; /* gemm: the block's K transposed, and its V, in float32 */
+    int64_t rows_of_vb[TB];
+    for (int i = 0; i < TB; i++) rows_of_vb[i] = (int64_t)i * D;
+    const float *qp[gemm ? P * G : 1];
+    float *sp[gemm ? P * G : 1];
 #define BLOCK_AT(b0, dst) block_offsets(pool->pages, pool->page_size, t0 + (b0), N - (b0) < TB ? (int)(N - (b0)) : TB, KVH, D, dst)
     BLOCK_AT(0, ahead);
     for (int64_t b0 = 0; b0 < N; b0 += TB) { /* 1. scores, a block of tokens at a time */
@@ -276,6 +351,22 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
         } else {
             BLOCK_AT(0, ahead);
             prefetch_block(pool->v_pool, elem, ahead, h0, NH, D);
+        }
+        if (gemm) {
+            for (int h = 0; h < NH; h++) {
+                for (int i = 0; i < TB; i++) offs[i] = base[i] + (int64_t)(h0 + h) * D;
+                widen_transposed(pool->k_pool, kind, offs, D, kt);
+                int n = 0; /* the rows that read any of this block */
+                for (int p = 0; p < P; p++) {
+                    if (lo[p] - t0 >= b0 + TB || hi[p] - t0 <= b0) continue;
+                    for (int g = 0; g < G; g++) {
+                        qp[n] = q + p * q_stride + ((int64_t)h * G + g) * D;
+                        sp[n++] = scores + (((int64_t)p * NH + h) * G + g) * Np + b0;
+                    }
+                }
+                qk_gemm_rows(qp, kt, D, n, pool->scale, sp);
+            }
+            continue;
         }
         for (int p = 0; p < P; p++) {
             const int64_t from = lo[p] - t0 > b0 ? (lo[p] - t0 - b0) & ~(int64_t)3 : 0; /* first group of 4 it reads */
@@ -304,6 +395,23 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
         if (b0 + TB < N) {
             BLOCK_AT(b0 + TB, ahead);
             prefetch_block(pool->v_pool, elem, ahead, h0, NH, D);
+        }
+        if (gemm) { /* the block's V widened once per KV head, for every row tile */
+            for (int h = 0; h < NH; h++) {
+                for (int i = 0; i < TB; i++) offs[i] = base[i] + (int64_t)(h0 + h) * D;
+                widen_rows(pool->v_pool, kind, offs, D, vb);
+                for (int p = 0; p < P; p++) {
+                    if (lo[p] - t0 >= b0 + TB || hi[p] - t0 <= b0) continue;
+                    for (int g0 = 0; g0 < G; g0 += GT) {
+                        const int gn = G - g0 < GT ? G - g0 : GT;
+                        const int64_t row = ((int64_t)p * NH + h) * G + g0;
+                        float *o = out + p * q_stride + ((int64_t)h * G + g0) * D;
+                        for (int d0 = 0; d0 < D;)
+                            d0 += VL * pv_rows(scores + row * Np + b0, Np, vb, KIND_F32, rows_of_vb, d0, o, D, gn);
+                    }
+                }
+            }
+            continue;
         }
         for (int p = 0; p < P; p++) {
             if (lo[p] - t0 >= b0 + TB || hi[p] - t0 <= b0) continue; /* the block is outside what it reads */
