@@ -361,7 +361,9 @@ class TorchBackend(AttentionBackend):
                 pages.append(torch.cat([row, row[:1].expand(widest - shared)]))
                 lens.append(shared * ps)
             at += len(g)
-        t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+        def t(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.int64, device=device)
+
         tail = self._plan_run(meta, members, [shared for g, shared in groups for _ in g],
                               [meta.kv_lens[i] - shared * ps for g, shared in groups for i in g], None)
         groups_rows = [[starts[i] for i in g] for g, _ in groups]
@@ -430,7 +432,7 @@ class TorchBackend(AttentionBackend):
     def _native_cascades(self, q: torch.Tensor, nc: _NativeCascades, layer: int, la: LayerAttention) -> torch.Tensor:
         """q: [M, heads, D] every member's query -> [M, heads, D]: the shared prefixes in one call (the
         pseudo-requests of _NativeCascades), the tails in another, merged by their log-sum-exps."""
-        M, H, D = q.shape
+        H, D = q.shape[1:]
         kv_heads, C = self.cache.k[layer].shape[2], nc.prefix_lens.shape[0]
         qg = group_queries(q, kv_heads)[nc.spread]  # [C * per, kv_heads, group, D] float32
         # [C, kv_heads * per * group, D]: a pseudo-request's rows of one KV head are that head's group
