@@ -224,7 +224,7 @@ ALWAYS_INLINE int pv_rows(const float *w, int64_t stride, const void *v_pool, co
 #else
 #define RT 4
 #endif
-#define GEMM_MIN_ROWS 8 /* query rows per KV head from which a task's scores go through the GEMM tiles */
+#define GEMM_MIN_ROWS 8 /* query rows per KV head from which a task's scores go through the GEMM tiles (unless by bf16 dot) */
 
 #define MAX_GEMM_D 256 /* head_dim up to which the GEMM tiles serve (their block buffers are on the stack) */
 
@@ -335,7 +335,8 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                                         (__m512i)vbf_from_f32(q + p * q_stride + (int64_t)r * D + d));
 #endif
     int64_t base[TB], ahead[TB], offs[TB]; /* rows of the block being read, and of the one to read next */
-    const int gemm = P * G >= GEMM_MIN_ROWS && D <= MAX_GEMM_D;
+    /* the bf16 dot product, where it serves (q16), keeps its measured tiles; every other many-row task goes by GEMM */
+    const int gemm = !q16 && P * G >= GEMM_MIN_ROWS && D <= MAX_GEMM_D;
     float kt[MAX_GEMM_D * TB], vb[TB * MAX_GEMM_D]; /* gemm: the block's K transposed, and its V, in float32 */
     int64_t rows_of_vb[TB];
     for (int i = 0; i < TB; i++) rows_of_vb[i] = (int64_t)i * D;
