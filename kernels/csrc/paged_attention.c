@@ -84,13 +84,16 @@ static inline void block_offsets(const int64_t *pages, int page_size, int64_t t0
 }
 
 /* Asks for a block's rows of KV heads [h0, h0 + NH) ahead of use (the pages are scattered, so the
- * hardware prefetcher loses the stream at every page boundary). */
+ * hardware prefetcher loses the stream at every page boundary), into L2 (prefetcht1), not L1: a
+ * block's worth of L1 requests at once stalls the loads of the block being read. Measured on an
+ * AVX-512 EPYC, decodes at batch 64 over 530 tokens from DRAM: 1.5-2.2x faster than prefetcht0
+ * over four shapes and both vector widths, prefill chunks 1.0-1.1x. */
 static inline void prefetch_block(const void *pool, int elem, const int64_t *offs, int h0, int NH, int D) {
     const char *p = (const char *)pool;
     const int64_t bytes = (int64_t)NH * D * elem;
     for (int i = 0; i < TB; i++) {
         const char *row = p + (offs[i] + (int64_t)h0 * D) * elem;
-        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 2);
     }
 }
 
