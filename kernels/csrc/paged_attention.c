@@ -20,6 +20,11 @@
  *   3. output: for a tile of GT query rows and DT vectors of head_dim, the weighted V rows
  *      accumulate in registers across the block's TB tokens, so the output rows are loaded
  *      and stored once per block, not once per token.
+ * A task with many query rows per KV head (a prefill chunk, a cascade's shared prefix) goes by GEMM
+ * tiles instead (see qk_gemm_tile). Over a bf16 pool on a CPU with the bf16 dot product, those
+ * tiles take the pool's K and V as they are, two elements per lane and instruction: the queries
+ * and the softmax weights rounded to bf16, as a bf16 model's attention rounds them (measured on
+ * an AVX-512 EPYC: prefill chunks 1.4-1.6x faster than widening K and V to float32).
  * K and V are each read from memory once per task; a block's rows stay in L1 between tiles.
  * The last block is padded with its last real token (read, never weighted: its weights are 0).
  *
@@ -121,33 +126,6 @@ ALWAYS_INLINE void qk_tile(const float *q, const void *k_pool, const int kind, c
     }
 }
 
-#ifdef HAVE_DOT_BF16
-/* qk_tile for a bf16 pool with the queries rounded to bf16 (q16; exact for a bf16 model's queries):
- * 32 products per instruction, K as the pool holds it. D is a multiple of 32. */
-ALWAYS_INLINE void qk_tile_dot(const uint16_t *q16, const uint16_t *k_pool, const int64_t *offs, int D, const int gn,
-                               float scale, float *s, int64_t stride) {
-    vf acc[GT][4];
-    for (int r = 0; r < gn; r++)
-        for (int i = 0; i < 4; i++) acc[r][i] = v_zero();
-    for (int d = 0; d < D; d += 32) {
-        vbf k0 = vbf_load(k_pool + offs[0] + d), k1 = vbf_load(k_pool + offs[1] + d);
-        vbf k2 = vbf_load(k_pool + offs[2] + d), k3 = vbf_load(k_pool + offs[3] + d);
-        for (int r = 0; r < gn; r++) {
-            vbf x = vbf_load(q16 + r * D + d);
-            acc[r][0] = v_dot_bf16(acc[r][0], x, k0);
-            acc[r][1] = v_dot_bf16(acc[r][1], x, k1);
-            acc[r][2] = v_dot_bf16(acc[r][2], x, k2);
-            acc[r][3] = v_dot_bf16(acc[r][3], x, k3);
-        }
-    }
-    for (int r = 0; r < gn; r++) {
-        float dots[4];
-        v_hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], dots);
-        for (int i = 0; i < 4; i++) s[r * stride + i] = dots[i] * scale;
-    }
-}
-#endif
-
 /* o_r[d0 .. d0 + dn * VL) += sum over the block's TB tokens of w[r * stride + i] * v_i, for gn rows. */
 ALWAYS_INLINE void pv_tile(const float *w, int64_t stride, const void *v_pool, const int kind, const int64_t *offs, int d0,
                            float *o, int D, const int gn, const int dn) {
@@ -166,23 +144,9 @@ ALWAYS_INLINE void pv_tile(const float *w, int64_t stride, const void *v_pool, c
         for (int j = 0; j < dn; j++) v_store(o + r * D + d0 + j * VL, acc[r][j]);
 }
 
-/* The tiles above for a runtime row count (and vector count), each case compiled with its constants.
- * q16: the rows rounded to bf16 where the bf16 dot product serves (a bf16 pool), else NULL. */
-ALWAYS_INLINE void qk_rows(const float *q, const uint16_t *q16, const void *k_pool, const int kind, const int64_t *offs,
-                           int D, int gn, float scale, float *s, int64_t stride) {
-#ifdef HAVE_DOT_BF16
-    if (kind == KIND_BF16 && q16) {
-        switch (gn) {
-        case 4: qk_tile_dot(q16, k_pool, offs, D, 4, scale, s, stride); break;
-        case 3: qk_tile_dot(q16, k_pool, offs, D, 3, scale, s, stride); break;
-        case 2: qk_tile_dot(q16, k_pool, offs, D, 2, scale, s, stride); break;
-        default: qk_tile_dot(q16, k_pool, offs, D, 1, scale, s, stride); break;
-        }
-        return;
-    }
-#else
-    (void)q16;
-#endif
+/* The tiles above for a runtime row count (and vector count), each case compiled with its constants. */
+ALWAYS_INLINE void qk_rows(const float *q, const void *k_pool, const int kind, const int64_t *offs, int D, int gn,
+                           float scale, float *s, int64_t stride) {
     switch (gn) {
 #if GT >= 4
     case 4: qk_tile(q, k_pool, kind, offs, D, 4, scale, s, stride); break;
@@ -276,6 +240,90 @@ static void qk_gemm_rows(const float *const *qp, const float *kt, int D, int n, 
     for (; r < n; r++) qk_gemm_tile(qp + r, kt, D, 1, scale, sp + r);
 }
 
+#ifdef HAVE_DOT_BF16
+/* kp[j * TB + i] = K row i's elements 2j and 2j + 1 (the rows at offs, bf16), one 32-bit pair: the
+ * block transposed by pairs, as the bf16 dot product takes it. */
+static inline void pair_transposed(const uint16_t *k_pool, const int64_t *offs, int D, uint32_t *kp) {
+    for (int i = 0; i < TB; i++)
+        for (int j = 0; j < D / 2; j++) memcpy(kp + j * TB + i, k_pool + offs[i] + 2 * j, sizeof(uint32_t));
+}
+
+/* qk_gemm_tile by the bf16 dot product: query rows in bf16 (q16 rows at qp[r]), a pair of head_dim
+ * elements per instruction and lane, the TB scores of a row in one vector (TB == VL). */
+ALWAYS_INLINE void qk_dot_tile(const uint16_t *const *qp, const uint32_t *kp, int D, const int rn, float scale,
+                               float *const *sp) {
+    vf acc[RT];
+    for (int r = 0; r < rn; r++) acc[r] = v_zero();
+    for (int j = 0; j < D / 2; j++) {
+        const vbf k = (vbf)_mm512_loadu_si512((const void *)(kp + j * TB));
+        for (int r = 0; r < rn; r++) {
+            uint32_t pair;
+            memcpy(&pair, qp[r] + 2 * j, sizeof pair);
+            acc[r] = v_dot_bf16(acc[r], (vbf)_mm512_set1_epi32((int)pair), k);
+        }
+    }
+    const vf sc = v_set1(scale);
+    for (int r = 0; r < rn; r++) v_store(sp[r], v_mul(acc[r], sc));
+}
+
+/* vp[j * D + d] = V rows 2j and 2j + 1's element d (the rows at offs, bf16), one 32-bit pair: the
+ * block's tokens paired, as the bf16 dot product takes them. */
+static inline void pair_rows(const uint16_t *v_pool, const int64_t *offs, int D, uint32_t *vp) {
+    for (int j = 0; j < TB / 2; j++)
+        for (int d = 0; d < D; d += VL) {
+            const __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v_pool + offs[2 * j] + d)));
+            const __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v_pool + offs[2 * j + 1] + d)));
+            _mm512_storeu_si512((void *)(vp + j * D + d), _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+        }
+}
+
+/* pv_tile by the bf16 dot product over paired V (vp): the weights rounded to bf16, as a bf16 model's
+ * attention rounds them before its product with V; two tokens per instruction and lane. */
+ALWAYS_INLINE void pv_dot_tile(const float *w, int64_t stride, const uint32_t *vp, int d0, float *o, int D, const int gn,
+                               const int dn) {
+    uint32_t wp[GT][TB / 2];
+    for (int r = 0; r < gn; r++) _mm256_storeu_si256((__m256i *)wp[r], (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(w + r * stride)));
+    vf acc[GT][DT];
+    for (int r = 0; r < gn; r++)
+        for (int j = 0; j < dn; j++) acc[r][j] = v_load(o + r * D + d0 + j * VL);
+    for (int i = 0; i < TB / 2; i++) {
+        vbf v[DT];
+        for (int j = 0; j < dn; j++) v[j] = (vbf)_mm512_loadu_si512((const void *)(vp + i * D + d0 + j * VL));
+        for (int r = 0; r < gn; r++) {
+            const vbf wr = (vbf)_mm512_set1_epi32((int)wp[r][i]);
+            for (int j = 0; j < dn; j++) acc[r][j] = v_dot_bf16(acc[r][j], wr, v[j]);
+        }
+    }
+    for (int r = 0; r < gn; r++)
+        for (int j = 0; j < dn; j++) v_store(o + r * D + d0 + j * VL, acc[r][j]);
+}
+
+#define PV_DOT_CASES(gn)                                                                                      \
+    if (dn >= 4) pv_dot_tile(w, stride, vp, d0, o, D, gn, 4);                                                  \
+    else if (dn >= 2) pv_dot_tile(w, stride, vp, d0, o, D, gn, 2);                                             \
+    else pv_dot_tile(w, stride, vp, d0, o, D, gn, 1);
+
+/* pv_rows over paired V; returns how many vectors of head_dim it covered from d0. */
+static int pv_dot_rows(const float *w, int64_t stride, const uint32_t *vp, int d0, float *o, int D, int gn) {
+    const int dn = (D - d0) / VL;
+    switch (gn) {
+    case 4: PV_DOT_CASES(4) break;
+    case 3: PV_DOT_CASES(3) break;
+    case 2: PV_DOT_CASES(2) break;
+    default: PV_DOT_CASES(1) break;
+    }
+    return dn >= 4 ? 4 : dn >= 2 ? 2 : 1;
+}
+
+static void qk_dot_rows(const uint16_t *const *qp, const uint32_t *kp, int D, int n, float scale, float *const *sp) {
+    int r = 0;
+    for (; r + RT <= n; r += RT) qk_dot_tile(qp + r, kp, D, RT, scale, sp + r);
+    for (; r + 4 <= n; r += 4) qk_dot_tile(qp + r, kp, D, 4, scale, sp + r);
+    for (; r + 2 <= n; r += 2) qk_dot_tile(qp + r, kp, D, 2, scale, sp + r);
+    for (; r < n; r++) qk_dot_tile(qp + r, kp, D, 1, scale, sp + r);
+}
+#endif
+
 /* Row s[0 .. Np) -> the softmax of s[lo .. hi) in place (after the soft cap, if any), 0 elsewhere;
  * returns its log-sum-exp. Np is a multiple of the vector lanes; outside [lo, hi) the row is
  * scratch, so the vector loops run over all of it and it is overwritten before it counts. */
@@ -329,6 +377,9 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                                float *scores, int64_t Np, uint16_t *q16, float *out, float *lse, int64_t lse_stride) {
     const int D = pool->D, KVH = pool->KVH;
     const int elem = kind == KIND_BF16 ? 2 : 4;
+    /* many query rows per KV head: scores in GEMM tiles, by the bf16 dot product where it serves (q16) */
+    const int gemm = P * G >= GEMM_MIN_ROWS && D <= MAX_GEMM_D;
+    if (!gemm) q16 = NULL;
 #ifdef HAVE_DOT_BF16
     if (q16) /* the task's query rows in bf16, in score-row order */
         for (int p = 0; p < P; p++)
@@ -338,12 +389,12 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                                         (__m512i)vbf_from_f32(q + p * q_stride + (int64_t)r * D + d));
 #endif
     int64_t base[TB], ahead[TB], offs[TB]; /* rows of the block being read, and of the one to read next */
-    /* the bf16 dot product, where it serves (q16), keeps its measured tiles; every other many-row task goes by GEMM */
-    const int gemm = !q16 && P * G >= GEMM_MIN_ROWS && D <= MAX_GEMM_D;
-    float kt[MAX_GEMM_D * TB], vb[TB * MAX_GEMM_D]; /* gemm: the block's K transposed, and its V, in float32 */
+    /* gemm: the block's K transposed (in float32, or by pairs for the dot product), and its V, in float32 */
+    float kt[MAX_GEMM_D * TB], vb[TB * MAX_GEMM_D];
     int64_t rows_of_vb[TB];
     for (int i = 0; i < TB; i++) rows_of_vb[i] = (int64_t)i * D;
     const float *qp[gemm ? P * G : 1];
+    const uint16_t *qp16[gemm ? P * G : 1];
     float *sp[gemm ? P * G : 1];
 #define BLOCK_AT(b0, dst) block_offsets(pool->pages, pool->page_size, t0 + (b0), N - (b0) < TB ? (int)(N - (b0)) : TB, KVH, D, dst)
     BLOCK_AT(0, ahead);
@@ -359,15 +410,24 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
         if (gemm) {
             for (int h = 0; h < NH; h++) {
                 for (int i = 0; i < TB; i++) offs[i] = base[i] + (int64_t)(h0 + h) * D;
-                widen_transposed(pool->k_pool, kind, offs, D, kt);
                 int n = 0; /* the rows that read any of this block */
                 for (int p = 0; p < P; p++) {
                     if (lo[p] - t0 >= b0 + TB || hi[p] - t0 <= b0) continue;
                     for (int g = 0; g < G; g++) {
+                        const int64_t row = ((int64_t)p * NH + h) * G + g;
                         qp[n] = q + p * q_stride + ((int64_t)h * G + g) * D;
-                        sp[n++] = scores + (((int64_t)p * NH + h) * G + g) * Np + b0;
+                        qp16[n] = q16 ? q16 + row * D : NULL;
+                        sp[n++] = scores + row * Np + b0;
                     }
                 }
+#ifdef HAVE_DOT_BF16
+                if (q16) {
+                    pair_transposed(pool->k_pool, offs, D, (uint32_t *)kt);
+                    qk_dot_rows(qp16, (const uint32_t *)kt, D, n, pool->scale, sp);
+                    continue;
+                }
+#endif
+                widen_transposed(pool->k_pool, kind, offs, D, kt);
                 qk_gemm_rows(qp, kt, D, n, pool->scale, sp);
             }
             continue;
@@ -381,9 +441,8 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                     const int gn = G - g0 < GT ? G - g0 : GT;
                     const int64_t row = ((int64_t)p * NH + h) * G + g0;
                     const float *qr = q + p * q_stride + ((int64_t)h * G + g0) * D;
-                    const uint16_t *qr16 = q16 ? q16 + row * D : NULL;
                     for (int64_t i = from; i < to; i += 4)
-                        qk_rows(qr, qr16, pool->k_pool, kind, offs + i, D, gn, pool->scale, scores + row * Np + b0 + i, Np);
+                        qk_rows(qr, pool->k_pool, kind, offs + i, D, gn, pool->scale, scores + row * Np + b0 + i, Np);
                 }
             }
         }
@@ -403,15 +462,26 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
         if (gemm) { /* the block's V widened once per KV head, for every row tile */
             for (int h = 0; h < NH; h++) {
                 for (int i = 0; i < TB; i++) offs[i] = base[i] + (int64_t)(h0 + h) * D;
-                widen_rows(pool->v_pool, kind, offs, D, vb);
+#ifdef HAVE_DOT_BF16
+                if (q16) pair_rows(pool->v_pool, offs, D, (uint32_t *)vb);
+                else
+#endif
+                    widen_rows(pool->v_pool, kind, offs, D, vb);
                 for (int p = 0; p < P; p++) {
                     if (lo[p] - t0 >= b0 + TB || hi[p] - t0 <= b0) continue;
                     for (int g0 = 0; g0 < G; g0 += GT) {
                         const int gn = G - g0 < GT ? G - g0 : GT;
                         const int64_t row = ((int64_t)p * NH + h) * G + g0;
                         float *o = out + p * q_stride + ((int64_t)h * G + g0) * D;
-                        for (int d0 = 0; d0 < D;)
+                        for (int d0 = 0; d0 < D;) {
+#ifdef HAVE_DOT_BF16
+                            if (q16) {
+                                d0 += VL * pv_dot_rows(scores + row * Np + b0, Np, (const uint32_t *)vb, d0, o, D, gn);
+                                continue;
+                            }
+#endif
                             d0 += VL * pv_rows(scores + row * Np + b0, Np, vb, KIND_F32, rows_of_vb, d0, o, D, gn);
+                        }
                     }
                 }
             }
@@ -447,7 +517,6 @@ static void attend_task_bf16(const Pool *pool, const float *q, int64_t q_stride,
 }
 
 #define PC 16 /* query positions per task: a request's K/V is read once per chunk of this many */
-#define DOT_MIN_GROUP 8 /* query rows per KV head from which the bf16 dot product computes the scores */
 
 /* The token range [lo, hi) of each query position of request b: its n queries are the last n of its
  * kv_len tokens, each reading up to itself, the last `window` tokens of that when window > 0. */
@@ -494,9 +563,8 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
                     int, int, float *, int64_t, uint16_t *, float *, float *, int64_t) =
         kind == KIND_BF16 ? attend_task_bf16 : attend_task_f32;
 #ifdef HAVE_DOT_BF16
-    /* The bf16 dot product reads the pool as it is; it pays where many query rows share a KV head
-     * (measured on an AVX-512 EPYC: group 8 1.08x, a cascade's 192 rows 1.15-1.44x, but group 3 0.9x). */
-    const int dot = kind == KIND_BF16 && D % 32 == 0 && G >= DOT_MIN_GROUP;
+    /* The bf16 dot product computes the scores of a bf16 pool's GEMM-tiled tasks (many rows per KV head). */
+    const int dot = kind == KIND_BF16 && D % 32 == 0;
 #else
     const int dot = 0;
 #endif
