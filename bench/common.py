@@ -1,5 +1,5 @@
-"""Shared by the benchmarks: model paths, deterministic prompts, results on disk, and a poller
-of a server's figures while a run is in flight."""
+"""Shared by the benchmarks: model paths, deterministic prompts, results on disk, a poller
+of a server's figures while a run is in flight, and a step worker that clocks each forward."""
 
 from __future__ import annotations
 
@@ -19,6 +19,24 @@ RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from make_tiny_model import ensure_model  # noqa: E402,F401
+
+
+class TimedWorker:
+    """A step worker (radixrt/scheduler/step.py) that clocks each forward of the one it wraps:
+    steps holds (batch, seconds), the scheduler's own time left out."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.steps: list[tuple[Any, float]] = []
+
+    def move(self, moves: list) -> None:
+        self.worker.move(moves)
+
+    def forward(self, batch: Any) -> Any:
+        start = time.perf_counter()
+        result = self.worker.forward(batch)  # .tolist() of the sampled ids waits for the device
+        self.steps.append((batch, time.perf_counter() - start))
+        return result
 
 
 def random_prompts(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[list[int]]:

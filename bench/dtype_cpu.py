@@ -27,7 +27,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import ensure_model, random_prompts, write_result
+from common import TimedWorker, ensure_model, random_prompts, write_result
 
 DTYPES = ("float32", "bfloat16")
 
@@ -50,21 +50,14 @@ class Model:
         """Seconds of each model forward (schedule and bookkeeping excluded) until the prompts finish."""
         from radixrt.messages import TokenizedRequest
         from radixrt.sampling_params import SamplingParams
+        from radixrt.scheduler.step import drive
 
         sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=0, ignore_eos=True)
         for i, p in enumerate(prompts):
             self.sched.add_request(TokenizedRequest(f"{time.monotonic_ns()}-{i}", p, sp))
-        times = []
-        while not self.sched.idle:
-            batch = self.sched.schedule()
-            if batch is None:
-                continue
-            start = time.perf_counter()
-            result = self.runner.forward(batch)
-            times.append(time.perf_counter() - start)
-            self.sched.process(result)
-            self.sched.take_outputs()
-        return times
+        timed = TimedWorker(self.runner)
+        drive(self.sched, timed)
+        return [seconds for _, seconds in timed.steps]
 
 
 def bench_model(path: Path, args: argparse.Namespace) -> dict[str, float]:

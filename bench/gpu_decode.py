@@ -22,31 +22,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder only (gpu_check.sh runs python -P)
 
-from common import ensure_model, random_prompts, write_result  # noqa: E402
+from common import TimedWorker, ensure_model, random_prompts, write_result  # noqa: E402
 
 
 def run_batch(runner, args, batch: int) -> dict[str, float]:
     from radixrt.messages import TokenizedRequest
     from radixrt.sampling_params import SamplingParams
     from radixrt.scheduler.scheduler import Scheduler
+    from radixrt.scheduler.step import drive
 
     sched = Scheduler(args.server_args, runner.ready_message(), tokenizer=None)
     sp = SamplingParams(max_new_tokens=args.steps + 1, temperature=0, ignore_eos=True)
     for i, p in enumerate(random_prompts(batch, args.context, args.context, vocab=1000, seed=batch)):
         sched.add_request(TokenizedRequest(f"r{i}", p, sp))
     times = {"decode": [], "prefill": [], "prefill_tokens": 0}
-    while not sched.idle:
-        b = sched.schedule()
-        t = time.perf_counter()
-        sched.process(runner.forward(b))  # .tolist() of the sampled ids waits for the GPU
-        dt = time.perf_counter() - t
+    timed = TimedWorker(runner)
+    drive(sched, timed)
+    for b, dt in timed.steps:
         n = [len(e.input_ids) for e in b.entries]
         if all(x == 1 for x in n) and len(n) == batch:
             times["decode"].append(dt)
         elif all(x > 1 for x in n):
             times["prefill"].append(dt)
             times["prefill_tokens"] += sum(n)
-        sched.take_outputs()
     decode = sorted(times["decode"])[len(times["decode"]) // 2]  # median step
     return {"decode_step_s": decode, "decode_tok_s": batch / decode,
             "prefill_tok_s": times["prefill_tokens"] / sum(times["prefill"]) if times["prefill"] else 0.0}

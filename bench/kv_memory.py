@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, ROOT, Poller, ensure_model, random_prompts, write_result
+from common import RESULTS, ROOT, Poller, TimedWorker, ensure_model, random_prompts, write_result
 
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers import corpus_ids
@@ -230,17 +230,15 @@ def prefill_step(runner: Any, sched: Any, n: int) -> float:
     """Seconds of the one forward that prefills a fresh n-token prompt (max_new_tokens 1: it finishes there)."""
     from radixrt.messages import TokenizedRequest
     from radixrt.sampling_params import SamplingParams
+    from radixrt.scheduler.step import step
 
     i = sched.admissions  # distinct per request: a new prompt and id each time
     prompt = random_prompts(1, n, n, vocab=1000, seed=i)[0]
     sched.add_request(TokenizedRequest(f"r{i}", prompt, SamplingParams(max_new_tokens=1, temperature=0)))
-    batch = sched.schedule()
-    start = time.perf_counter()
-    sched.process(runner.forward(batch))  # .tolist() of the sampled id waits for the device
-    seconds = time.perf_counter() - start
-    sched.take_outputs()
-    assert sched.idle, "the prefill took more than one step"
-    return seconds
+    timed = TimedWorker(runner)
+    step(sched, timed)
+    assert sched.idle and len(timed.steps) == 1, "the prefill took more than one step"
+    return timed.steps[0][1]
 
 
 def move_time(store: Any, kind: str, pages: list[int], reps: int) -> float:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import ensure_model, random_prompts, write_result
+from common import TimedWorker, ensure_model, random_prompts, write_result
 
 OUTPUT_LEN = 64
 
@@ -63,6 +63,7 @@ def profile_stages(path: Path, prompts: list[list[int]], dtype: str) -> dict[str
     from radixrt.messages import TokenizedRequest
     from radixrt.sampling_params import SamplingParams
     from radixrt.scheduler.scheduler import Scheduler
+    from radixrt.scheduler.step import drive
     from radixrt.worker.model_runner import ModelRunner
 
     total = sum(len(p) + OUTPUT_LEN for p in prompts)
@@ -85,19 +86,12 @@ def profile_stages(path: Path, prompts: list[list[int]], dtype: str) -> dict[str
     sp = SamplingParams(max_new_tokens=OUTPUT_LEN, temperature=0, ignore_eos=True)
     for i, p in enumerate(prompts):
         sched.add_request(TokenizedRequest(f"r{i}", p, sp))
+    timed = TimedWorker(runner)
     start = time.perf_counter()
-    while not sched.idle:
-        t = time.perf_counter()
-        batch = sched.schedule()
-        timers["scheduler"] += time.perf_counter() - t
-        t = time.perf_counter()
-        result = runner.forward(batch)
-        timers["forward_total"] += time.perf_counter() - t
-        t = time.perf_counter()
-        sched.process(result)
-        sched.take_outputs()
-        timers["scheduler"] += time.perf_counter() - t
+    drive(sched, timed)
     timers["in_process_total"] = time.perf_counter() - start
+    timers["forward_total"] = sum(seconds for _, seconds in timed.steps)
+    timers["scheduler"] = timers["in_process_total"] - timers["forward_total"]  # schedule, process, the loop
     timers["model_other"] = timers["forward_total"] - timers["attention"] - timers["sampling"]
     return timers
 

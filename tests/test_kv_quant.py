@@ -239,6 +239,7 @@ def serve(path, kv_dtype: str, requests) -> dict:
     (no processes to start, so four pools fit the time budget) -> rid -> accumulated outputs."""
     from radixrt.config import ServerArgs
     from radixrt.scheduler.scheduler import Scheduler
+    from radixrt.scheduler.step import drive
     from radixrt.worker.model_runner import ModelRunner
 
     # kv_quant_min_agreement 0: random weights agree with themselves on fp8 KV only ~0.6-0.8 (near-ties, see
@@ -250,14 +251,10 @@ def serve(path, kv_dtype: str, requests) -> dict:
     out = {r.rid: {"ids": [], "input_logprobs": [], "input_top": []} for r in requests}
     for r in requests:
         sched.add_request(r)
-    while not sched.idle:
-        batch = sched.schedule()
-        if batch is not None:
-            sched.process(runner.forward(batch))
-        for o in sched.take_outputs():
-            out[o.rid]["ids"] += o.new_ids
-            out[o.rid]["input_logprobs"] += o.input_logprobs or []
-            out[o.rid]["input_top"] += o.input_top or []
+    for o in drive(sched, runner):
+        out[o.rid]["ids"] += o.new_ids
+        out[o.rid]["input_logprobs"] += o.input_logprobs or []
+        out[o.rid]["input_top"] += o.input_top or []
     return out
 
 

@@ -25,6 +25,7 @@ from radixrt.messages import TokenizedRequest
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.req import longrope_namespace
 from radixrt.scheduler.scheduler import Scheduler
+from radixrt.scheduler.step import drive
 
 # 58: a Phi-3 prompt that is short (<= 64) but whose decoding crosses 64; 64: exactly the limit
 LENGTHS = [5, 20, 33, 58, 64, 65, 150, 300]
@@ -197,13 +198,9 @@ def test_longrope_requests_recompute_when_they_cross_and_never_share_kv_across_f
     for rid, (prompt, n, salt) in reqs.items():  # one at a time: what each finds cached is fixed
         sampling = SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=0)
         scheduler.add_request(TokenizedRequest(rid, prompt, sampling, cache_salt=salt))
-        while not scheduler.idle:
-            batch = scheduler.schedule()
-            if batch is not None:
-                scheduler.process(worker.forward(batch))
-            for out in scheduler.take_outputs():
-                outputs[out.rid] = outputs.get(out.rid, []) + out.new_ids
-                cached[out.rid] = out.cached_tokens
+        for out in drive(scheduler, worker):
+            outputs[out.rid] = outputs.get(out.rid, []) + out.new_ids
+            cached[out.rid] = out.cached_tokens
         assert outputs[rid] == longrope_reference(prompt, n, threshold), rid
     assert scheduler.stats()["recomputed_tokens"] > 0  # "cross" ran its sequence again under the long factors
     # "short" reads the short KV "cross" left when it crossed, "long" the long KV of its recompute

@@ -11,6 +11,7 @@ from radixrt.config import ServerArgs
 from radixrt.messages import TokenizedRequest
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.scheduler import Scheduler
+from radixrt.scheduler.step import drive, step
 
 
 class CharTokenizer:
@@ -57,25 +58,20 @@ def run(s: Scheduler, w: FakeWorker, requests: list[TokenizedRequest], arrivals:
     arrivals = arrivals or {}
     outputs: dict[str, list[int]] = {r.rid: [] for r in requests}
     finish = {}
-    step = 0
+    steps = 0
     pending = list(enumerate(requests))
     while pending or not s.idle:
-        for i, r in [p for p in pending if arrivals.get(p[0], 0) <= step]:
+        for i, r in [p for p in pending if arrivals.get(p[0], 0) <= steps]:
             s.add_request(r)
             pending.remove((i, r))
-        batch = s.schedule()
-        moves = s.take_moves()
-        if moves:
-            w.move(moves)
-        if batch is not None:
-            s.process(w.forward(batch))
+        produced = step(s, w)
         assert_pages_consistent(s)
-        for out in s.take_outputs():
+        for out in produced:
             outputs.setdefault(out.rid, []).extend(out.new_ids)
             if out.finish is not None:
                 finish[out.rid] = out.finish
-        step += 1
-        assert step < 100_000
+        steps += 1
+        assert steps < 100_000
     return outputs, finish
 
 
@@ -142,7 +138,7 @@ def test_abort_returns_pages():
     s.add_request(req("a", [1, 2, 3], 100))
     s.add_request(req("b", [4, 5, 6], 100))
     for _ in range(5):
-        s.process(w.forward(s.schedule()))
+        step(s, w)
     s.abort("a")
     s.abort("b")
     outs = {o.rid: o for o in s.take_outputs() if o.finish is not None}
@@ -191,9 +187,7 @@ def test_the_same_prompt_twice_reports_all_but_the_last_token_cached():
         outs = []
         for rid in ("first", "second"):
             s.add_request(req(rid, prompt, 3))
-            while not s.idle:
-                s.process(w.forward(s.schedule()))
-            outs += [o for o in s.take_outputs() if o.finish is not None]
+            outs += [o for o in drive(s, w) if o.finish is not None]
         assert [o.cached_tokens for o in outs] == [0, len(prompt) - 1]
 
 
@@ -282,11 +276,7 @@ def test_aborting_a_swapped_out_request_frees_its_host_slots():
     for i in range(12):
         s.add_request(req(f"r{i}", [rng.randrange(50) for _ in range(60)], 40))
     while not any(r.kv.is_swapped for r in s.waiting):
-        batch = s.schedule()
-        moves = s.take_moves()
-        if moves:
-            w.move(moves)
-        s.process(w.forward(batch))
+        step(s, w)
     victim = next(r for r in s.waiting if r.kv.is_swapped)
     assert s.stats()["host_swap_pages"] == len(victim.kv.swap_slots) > 0
     s.abort(victim.rid)
@@ -303,10 +293,10 @@ def test_longest_prefix_first_counts_what_the_lower_tiers_hold(tmp_path):
     s.add_request(miss)
     s.add_request(hit)
     assert s.mem.cache.match_prefix(doc).pages == []  # not on the device any more
-    batch = s.schedule()  # one slot: the policy picks one of the two
+    scheduled = s.schedule()  # one slot: the policy picks one of the two
     assert [r.rid for r in s.running] == ["hit"] and s.stats()["host_hit_pages"] == 15
-    w.move(s.take_moves())
-    s.process(w.forward(batch))
+    w.move(scheduled.moves)  # what the driver does (step.py), taken apart to look in between
+    s.process(w.forward(scheduled.batch))
     first = {o.rid: o.new_ids for o in s.take_outputs()}
     outputs, _ = run(s, w, [])
     for r in (hit, miss):
@@ -414,8 +404,7 @@ def test_an_undecodable_message_is_answered_by_its_rid_and_drops_a_request_held_
     assert out.finish.message == "malformed request: input_ids[0]: expected `int`, got `str`"
     s.add_request(req("held", [1, 2, 3, 4, 5], 50))
     for _ in range(3):
-        s.process(w.forward(s.schedule()))
-    s.take_outputs()
+        step(s, w)
     e = undecodable({"type": "TokenizedRequest", "rid": "held", "input_ids": [1], "sampling": {"temperature": "hot"}})
     s.reject_undecodable(e.raw, e.error)
     (out,) = s.take_outputs()

@@ -92,6 +92,15 @@ class Admission:
 WAIT, NO_ROOM = Admission(Outcome.WAIT), Admission(Outcome.NO_ROOM)
 
 
+@dataclass(frozen=True)
+class Scheduled:
+    """One schedule() decision. The worker makes the tier moves first: the batch reads pages they
+    bring back, and writes pages they free."""
+
+    moves: list[KVMove]
+    batch: ForwardBatch | None
+
+
 class Scheduler:
     SHARE_PROBE = 32  # tokens compared to detect two waiting requests sharing an uncached prefix
 
@@ -285,8 +294,9 @@ class Scheduler:
 
     # -- the scheduling decision ----------------------------------------------
 
-    def schedule(self) -> ForwardBatch | None:
-        """The next step's batch, or None when there is nothing to run."""
+    def schedule(self) -> Scheduled:
+        """The next step: the tier moves the worker makes first, and the batch (None: nothing to run).
+        Run it with scheduler/step.py, which makes the moves before the batch."""
         entries: list[BatchEntry] = []
         self.inflight = []
         self._take_compiled()
@@ -296,14 +306,14 @@ class Scheduler:
             if not entries and (self.waiting or self.running):
                 self._make_room("admission")
         if not entries:
-            return None
+            return Scheduled(self.mem.take_moves(), None)
         self.step_no += 1
         self.budget.on_step()
         self.figures.note_used(self.mem.used_pages)
         src, dst = self.mem.take_copies()
         batch = ForwardBatch(self.step_no, entries, self.freed_slots, src, dst)
         self.freed_slots = []
-        return batch
+        return Scheduled(self.mem.take_moves(), batch)
 
     def _schedule_decodes(self, entries: list[BatchEntry]) -> None:
         decoding = [r for r in self.running if r.is_decoding]
@@ -570,10 +580,6 @@ class Scheduler:
         if r.kv.dropped:  # the worker's copy of its sinks' keys leaves with the slot: recompute it
             return False
         return mode == "swap" or (mode == "auto" and r.kv_len >= self.args.swap_min_tokens)
-
-    def take_moves(self) -> list[KVMove]:
-        """Tier moves the next batch depends on (send them first)."""
-        return self.mem.take_moves()
 
     def stats(self) -> dict[str, int | float]:
         prompt = self.counters["prompt_tokens"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import zmq
@@ -14,8 +15,10 @@ from radixrt.messages import (
     BatchResult,
     ControlReply,
     FlushCache,
+    ForwardBatch,
     FrontendMsg,
     GetStats,
+    KVMove,
     KVMoves,
     LoadWeights,
     ReadyMsg,
@@ -31,6 +34,7 @@ from radixrt.messages import (
     WorkerReady,
     WorkerToScheduler,
 )
+from radixrt.scheduler.step import step
 from radixrt.utils.procs import Addresses, configure_child, startup_failed
 
 if TYPE_CHECKING:  # run_scheduler imports it inside its start-up error handling
@@ -58,7 +62,7 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
     to_workers: list[Sender[SchedulerToWorker]] = [
         Sender(ctx, addrs.worker_in_bind(r), bind=True, timeout_ms=timeout_ms) for r in range(args.tp_size)
     ]
-    from_worker: Receiver[WorkerToScheduler] = Receiver(ctx, addrs.worker_out, WorkerToScheduler)
+    ranks = Ranks(to_workers, Receiver(ctx, addrs.worker_out, WorkerToScheduler), args.watchdog_timeout)
     outbox: Sender[SchedulerToFrontend] = Sender(ctx, addrs.frontend_in)
     try:
         sched = Scheduler(args, worker, tokenizer)
@@ -70,70 +74,88 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
         msg = receive(inbox, sched, timeout_ms=sched.poll_ms)
         while msg is not None:
             if isinstance(msg, Shutdown):
-                persist = sched.mem.persist()  # the disk tier keeps what the cache holds, for the next run
-                if persist:
-                    send_all(to_workers, KVMoves(persist))
-                send_all(to_workers, Shutdown())
+                ranks.move(sched.mem.persist())  # the disk tier keeps what the cache holds, for the next run
+                ranks.send(Shutdown())
                 return
-            if isinstance(msg, TokenizedRequest):
-                sched.add_request(msg)
-            elif isinstance(msg, AbortRequest):
-                sched.abort(msg.rid)
-            elif isinstance(msg, GetStats):
-                outbox.send(ControlReply(msg.query_id, sched.stats()))
-            elif isinstance(msg, FlushCache):
-                error = sched.flush_cache()  # None, or why it could not (requests use the cache)
-                outbox.send(ControlReply(msg.query_id, sched.stats(), error))
-            elif isinstance(msg, UpdateWeights):
-                refusal = sched.begin_weight_update(msg)  # later requests wait for the new weights
-                if refusal is not None:
-                    outbox.send(refusal)
+            reply = handle(msg, sched)
+            if reply is not None:
+                outbox.send(reply)
             msg = receive(inbox, sched, timeout_ms=0)
-        batch = sched.schedule()
-        moves = sched.take_moves()
-        if moves:  # pages the batch reads or frees move between tiers first
-            send_all(to_workers, KVMoves(moves))
-        if batch is not None:
-            send_all(to_workers, batch)  # every rank runs every step
-            sched.process(answer(from_worker, BatchResult, f"step {batch.step}", args.watchdog_timeout))
-        outputs = sched.take_outputs()
+        outputs = step(sched, ranks)
         if outputs:
             outbox.send(TokenBatchOut(outputs))
         if sched.spot_check_due:  # idle: one chunk of a quality spot check, then look for requests again
-            send_all(to_workers, sched.next_spot_check())
-            sched.spot_checked(answer(from_worker, SpotCheckResult, "a quality spot check", args.watchdog_timeout))
+            ranks.send(sched.next_spot_check())
+            sched.spot_checked(ranks.answer(SpotCheckResult, "a quality spot check"))
         if sched.update_due:  # the old weights' last request is done
-            outbox.send(update_weights(sched, to_workers, from_worker, args.watchdog_timeout))
+            outbox.send(update_weights(sched, ranks))
             outputs = sched.take_outputs()  # held requests the update released may be answered at once
             if outputs:
                 outbox.send(TokenBatchOut(outputs))
 
 
-def update_weights(
-    sched: Scheduler, to_workers: list[Sender[SchedulerToWorker]], from_worker: Receiver[WorkerToScheduler],
-    timeout_s: float,
-) -> SchedulerToFrontend:
+@dataclass
+class Ranks:
+    """The worker ranks behind their sockets, as the step driver's worker: every rank gets every
+    message, rank 0 answers; a silent or confused worker ends the scheduler (exit 3)."""
+
+    to_workers: list[Sender[SchedulerToWorker]]
+    from_worker: Receiver[WorkerToScheduler]
+    timeout_s: float
+
+    def send(self, msg: SchedulerToWorker) -> None:
+        for rank, w in enumerate(self.to_workers):
+            try:
+                w.send(msg)
+            except zmq.Again:
+                logging.error("worker rank %d is not connected (no peer within the watchdog timeout); giving up", rank)
+                raise SystemExit(3) from None
+
+    def answer(self, kind: type, what: str):
+        """Rank 0's answer of the expected kind."""
+        msg = self.from_worker.recv(timeout_ms=int(self.timeout_s * 1000))
+        if msg is None:
+            logging.error("%s got no answer from the workers within %.0f s; giving up", what, self.timeout_s)
+            raise SystemExit(3)
+        if not isinstance(msg, kind):
+            logging.error("%s got a %s from the workers, expected a %s; giving up", what, type(msg).__name__,
+                          kind.__name__)
+            raise SystemExit(3)
+        return msg
+
+    def move(self, moves: list[KVMove]) -> None:
+        if moves:
+            self.send(KVMoves(moves))
+
+    def forward(self, batch: ForwardBatch) -> BatchResult:
+        self.send(batch)  # every rank runs every step
+        return self.answer(BatchResult, f"step {batch.step}")
+
+
+def update_weights(sched: Scheduler, ranks: Ranks) -> SchedulerToFrontend:
     """Run a due weight update: the cached pages go to the disk tier of the old weights (a rollback
     finds them there), every rank loads, and the scheduler drops the old KV and lets the held
     requests in. Returns the reply for the frontend."""
     assert sched.update is not None
-    persist = sched.mem.persist()
-    if persist:
-        send_all(to_workers, KVMoves(persist))
-    send_all(to_workers, LoadWeights(sched.update.msg.model_path))
-    return sched.finish_weight_update(answer(from_worker, WeightsLoaded, "the weight update", timeout_s))
+    ranks.move(sched.mem.persist())
+    ranks.send(LoadWeights(sched.update.msg.model_path))
+    return sched.finish_weight_update(ranks.answer(WeightsLoaded, "the weight update"))
 
 
-def answer(from_worker: Receiver[WorkerToScheduler], kind: type, what: str, timeout_s: float):
-    """Rank 0's answer of the expected kind; a silent or confused worker ends the scheduler (exit 3)."""
-    msg = from_worker.recv(timeout_ms=int(timeout_s * 1000))
-    if msg is None:
-        logging.error("%s got no answer from the workers within %.0f s; giving up", what, timeout_s)
-        raise SystemExit(3)
-    if not isinstance(msg, kind):
-        logging.error("%s got a %s from the workers, expected a %s; giving up", what, type(msg).__name__, kind.__name__)
-        raise SystemExit(3)
-    return msg
+def handle(msg: FrontendMsg, sched: Scheduler) -> SchedulerToFrontend | None:
+    """What a message from the frontend does to the scheduler (Shutdown aside); the reply, if any."""
+    if isinstance(msg, TokenizedRequest):
+        sched.add_request(msg)
+    elif isinstance(msg, AbortRequest):
+        sched.abort(msg.rid)
+    elif isinstance(msg, GetStats):
+        return ControlReply(msg.query_id, sched.stats())
+    elif isinstance(msg, FlushCache):
+        error = sched.flush_cache()  # None, or why it could not (requests use the cache)
+        return ControlReply(msg.query_id, sched.stats(), error)
+    elif isinstance(msg, UpdateWeights):
+        return sched.begin_weight_update(msg)  # a refusal, or None: later requests wait for the new weights
+    return None
 
 
 def receive(inbox: Receiver[FrontendMsg], sched: Scheduler, timeout_ms: int | None) -> FrontendMsg | None:
@@ -144,12 +166,3 @@ def receive(inbox: Receiver[FrontendMsg], sched: Scheduler, timeout_ms: int | No
     except Undecodable as e:
         sched.reject_undecodable(e.raw, e.error)
         return None
-
-
-def send_all(to_workers: list[Sender[SchedulerToWorker]], msg: SchedulerToWorker) -> None:
-    for rank, w in enumerate(to_workers):
-        try:
-            w.send(msg)
-        except zmq.Again:
-            logging.error("worker rank %d is not connected (no peer within the watchdog timeout); giving up", rank)
-            raise SystemExit(3) from None

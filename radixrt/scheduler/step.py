@@ -1,0 +1,48 @@
+"""The one loop that runs a scheduler against a worker, in the scheduler process, the tests and
+the benches alike: schedule, make the KV tier moves the batch depends on, run the batch, take the
+outputs. No caller can skip the moves: schedule() hands them out with the batch, and only this
+module takes them apart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from radixrt.messages import BatchResult, ForwardBatch, KVMove, ReqOutput
+
+if TYPE_CHECKING:
+    from radixrt.scheduler.scheduler import Scheduler
+
+
+class StepWorker(Protocol):
+    """What runs a step: a ModelRunner in process, the ranks behind sockets, or a test's fake."""
+
+    def move(self, moves: list[KVMove]) -> None: ...
+
+    def forward(self, batch: ForwardBatch) -> BatchResult: ...
+
+
+def step(sched: Scheduler, worker: StepWorker) -> list[ReqOutput]:
+    """One step; the outputs it produced (those of requests answered without a batch included)."""
+    scheduled = sched.schedule()
+    if scheduled.moves:  # pages the batch reads or frees move between tiers first
+        worker.move(scheduled.moves)
+    if scheduled.batch is not None:
+        sched.process(worker.forward(scheduled.batch))
+    return sched.take_outputs()
+
+
+def drive(
+    sched: Scheduler, worker: StepWorker, after_step: Callable[[list[ReqOutput]], None] | None = None,
+    max_steps: int = 1_000_000,
+) -> list[ReqOutput]:
+    """Steps until the scheduler is idle; every output, in order. after_step sees each step's outputs."""
+    outputs: list[ReqOutput] = []
+    for _ in range(max_steps):
+        if sched.idle:
+            return outputs
+        produced = step(sched, worker)
+        if after_step is not None:
+            after_step(produced)
+        outputs += produced
+    raise RuntimeError(f"the scheduler was still busy after {max_steps} steps")
