@@ -7,7 +7,7 @@ affinity), and the router with the policy under test on 127.0.0.1. Requests go t
 the router as text on the native /generate (the router's cache-aware tree is built
 from the request text); greedy, MAX_NEW output tokens, ignore_eos.
 
-Workloads (cut from the shipped corpus by tests/workloads.py):
+Workloads (cut from the shipped corpus by tests/support/workloads.py):
 
   shared_documents  D documents x Q questions each, all submitted at once, arrivals
                     round-robin across documents (many users asking about a few
@@ -45,9 +45,9 @@ import requests
 from common import ROOT, ensure_model, write_result
 
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers import corpus_ids, tokenizer  # noqa: E402
-from server_proc import free_port  # noqa: E402
-from workloads import chat_turn_user_tokens, forks, interleave  # noqa: E402
+from support.helpers import corpus_ids, tokenizer  # noqa: E402
+from support.server_proc import free_port  # noqa: E402
+from support.workloads import chat_turn_user_tokens, forks, interleave  # noqa: E402
 
 from radixrt.config import ServerArgs  # noqa: E402
 from radixrt.server.data_parallel import DataParallelServer  # noqa: E402

@@ -72,7 +72,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "examples"))
 from rag_pipeline import QUESTIONS as EXAMPLE_QUESTIONS  # noqa: E402
 from rag_pipeline import answer, load_docs, retrieve  # noqa: E402
-from server_proc import running_server  # noqa: E402
+from support.server_proc import running_server  # noqa: E402
 from tree_of_thought import CHAT_TEMPLATE, SYSTEM, TOWNS, conclusion, tree_of_thought  # noqa: E402
 from world import PERSON_QUESTIONS, load_world  # noqa: E402  (scripts/, put on sys.path by common)
 

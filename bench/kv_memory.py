@@ -9,7 +9,7 @@
               Concurrency is observed from outside: a thread polls get_server_info()["running"]
               every 20 ms (the scheduler answers between steps, so this samples once per step
               at most and can miss a one-step peak). Ratios are against auto.
-2. cycling    tests/workloads.py cycling_documents: more documents than the device pool holds,
+2. cycling    tests/support/workloads.py cycling_documents: more documents than the device pool holds,
               document by document, every other pass backwards (as tests/test_kv_tiers.py
               run_documents does). Same small device pool, radix cache on, under: off (no
               tiers), host (hierarchical cache, a host tier that holds every document) and
@@ -51,8 +51,8 @@ from typing import Any
 from common import RESULTS, ROOT, Poller, TimedWorker, ensure_model, random_prompts, write_result
 
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers import corpus_ids
-from workloads import cycling_documents
+from support.helpers import corpus_ids
+from support.workloads import cycling_documents
 
 PAGE = 16
 KV_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")

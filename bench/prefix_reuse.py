@@ -1,6 +1,6 @@
 """Prefix reuse: the radix cache on vs off, and lpm vs fcfs, on prefix-sharing workloads.
 
-Workloads (cut from the shipped corpus by tests/workloads.py; greedy, 16 output
+Workloads (cut from the shipped corpus by tests/support/workloads.py; greedy, 16 output
 tokens, ignore_eos; every request streamed, so time-to-first-token is measured
 by the client, from submission to the first chunk):
 
@@ -62,8 +62,8 @@ from typing import Any
 from common import ROOT, ensure_model, save_model_result
 
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers import corpus_ids  # noqa: E402
-from workloads import chat_turn_user_tokens, forks, interleave, shared_document  # noqa: E402
+from support.helpers import corpus_ids  # noqa: E402
+from support.workloads import chat_turn_user_tokens, forks, interleave, shared_document  # noqa: E402
 
 MAX_NEW = 16
 SAMPLING = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}

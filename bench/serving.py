@@ -36,7 +36,7 @@ sequence of a load whole, so nothing is evicted or retracted):
                    lowest rate is light; the highest saturates the tiny model on
                    the shared 2-vCPU machine (achieved req/s falls behind offered).
                    The seeded arrival gaps are the same at every rate, scaled by 1/rate.
-  shared_document  questions over one 1,500-token document (tests/workloads.py),
+  shared_document  questions over one 1,500-token document (tests/support/workloads.py),
                    16 output tokens, one fixed rate, against a server with the
                    radix cache on and then a fresh one with --disable-radix-cache,
                    in the same run; prints both and the ratios (on / off), and
@@ -84,9 +84,9 @@ from common import ROOT, Poller, ensure_model, random_prompts, save_model_result
 from server_figures import POLL_S, figures_table, ms, scrape, server_figures, server_info
 
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers import corpus_ids  # noqa: E402
-from server_proc import running_server  # noqa: E402
-from workloads import shared_document  # noqa: E402
+from support.helpers import corpus_ids  # noqa: E402
+from support.server_proc import running_server  # noqa: E402
+from support.workloads import shared_document  # noqa: E402
 
 PAGE = 16
 WARMUP_PROMPTS = [list(range(3, 40)), list(range(50, 70))]

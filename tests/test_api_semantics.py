@@ -20,7 +20,8 @@ from radixrt.frontend.detokenizer import IncrementalDetokenizer
 from radixrt.frontend.generate_input import GenerateInput
 from radixrt.sampling_params import SamplingParams
 from radixrt.server.http_server import required_key
-from server_proc import SERVER_ARGS, running_server
+from support.server_proc import SERVER_ARGS, running_server
+from support.http import post
 
 SMALL_CONTEXT = 96
 USER = [{"role": "user", "content": "Tell me about the river."}]
@@ -36,10 +37,6 @@ def truncating(llama_path):
 @pytest.fixture(scope="module")
 def tok(llama_path):
     return AutoTokenizer.from_pretrained(llama_path)
-
-
-def post(url: str, path: str, body: dict[str, Any]) -> requests.Response:
-    return requests.post(url + path, json=body, timeout=120)
 
 
 def events(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from radixrt.kernels import attention_mass
 from radixrt.kernels.attention_mass import token_mass
 from radixrt.kernels.kv_cache import quantize_int8
 from radixrt.kernels.torch_backend import TorchBackend
-from test_decode_attention import require_native
+from support.kernels import require_native
 
 HEADS, KV_HEADS, D = 8, 2, 16
 

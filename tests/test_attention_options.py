@@ -23,8 +23,8 @@ from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache, cre
 from radixrt.kernels import torch_backend
 from radixrt.kernels.backend import layer_kinds
 from radixrt.kernels.torch_backend import TorchBackend
-from test_decode_attention import NATIVE, use_path
-from test_torch_backend import backend_device
+from support.kernels import NATIVE, backend_device, use_path
+from support.oracle import naive_attention
 
 HEADS, KV_HEADS = 8, 2
 SHARED = 80  # prefix tokens the cascade requests share (whole pages at 1 and 16)
@@ -51,23 +51,6 @@ STEP = [
     (SHARED, 1, True), (SHARED + 16, 1, True), (SHARED + 39, 1, True),  # cascade; the last outgrows window 100
 ]
 DECODES_ONLY = [s for s in STEP if s[1] == 1]
-
-
-def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, la: LayerAttention) -> torch.Tensor:
-    """q: [n, H, D]; k, v: [prefix + n, Hkv, D] -> [n, H, D] float64; new token i sits at position prefix + i."""
-    q, k, v = q.double(), k.double(), v.double()
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scores = torch.einsum("nhd,thd->hnt", q, k) * la.scale  # [H, n, T]
-    if la.softcap is not None:
-        scores = la.softcap * torch.tanh(scores / la.softcap)
-    q_idx = prefix + torch.arange(q.shape[0])[:, None]
-    kv_idx = torch.arange(k.shape[0])[None, :]
-    mask = kv_idx <= q_idx
-    if la.window is not None:
-        mask &= kv_idx > q_idx - la.window
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.einsum("hnt,thd->nhd", scores.softmax(-1), v)
 
 
 def run_step(backend, cache: PagedKVCache, step, page_size: int, D: int, seed: int) -> None:
@@ -110,7 +93,8 @@ def run_step(backend, cache: PagedKVCache, step, page_size: int, D: int, seed: i
         row = 0
         for r, (prefix, new, _) in enumerate(step):
             hk, hv = history[r][layer]
-            want = naive(q[row : row + new], torch.cat([hk, k[row : row + new]]), torch.cat([hv, v[row : row + new]]), prefix, la)
+            want = naive_attention(q[row : row + new], torch.cat([hk, k[row : row + new]]), torch.cat([hv, v[row : row + new]]),
+                                   la.scale, la.window, la.softcap)
             where = f"layer {layer} ({la}), request {r}"
             torch.testing.assert_close(got[row : row + new].double(), want, atol=tol, rtol=tol, msg=lambda m: f"{where}: {m}")
             row += new

@@ -11,9 +11,8 @@ import socket
 import time
 
 import pytest
-import requests
-from helpers import tokenizer
-from server_proc import assert_healthy_and_idle, server_info
+from support.helpers import tokenizer
+from support.server_proc import assert_healthy_and_idle, server_info
 
 from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
@@ -21,15 +20,12 @@ from radixrt.frontend.generate_input import GenerateInput, GenerateRequest
 from radixrt.frontend.text_bound import NORMALIZE_SLACK, TextBound
 from radixrt.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParamsIn
 from radixrt.utils.stop_strings import StopScan, StopStrings
+from support.http import post
 
 # The session's server (conftest.server): the tiny llama's context, and the default limits.
 CONTEXT = 4096  # room for an OpenAI call that decodes for seconds; the chat bound is ~200k characters
 MAX_PER_CALL = ServerArgs.max_requests_per_call  # the default, 1024
 ENDLESS = {"max_new_tokens": 10**15, "ignore_eos": True, "kv_retention": {"policy": "sink_window", "window_tokens": 64}}
-
-
-def post(url: str, path: str, body) -> requests.Response:
-    return requests.post(url + path, json=body, timeout=60)
 
 
 def assert_served_meanwhile(url: str) -> None:

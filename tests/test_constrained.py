@@ -18,9 +18,9 @@ import re
 import jsonschema
 import pytest
 import requests
-from helpers import corpus_prompts, tokenizer
+from support.helpers import corpus_prompts, tokenizer
 from transformers import GenerationConfig
-from server_proc import assert_healthy_and_idle, running_server, server_info
+from support.server_proc import assert_healthy_and_idle, running_server, server_info
 
 REGEXES = [
     r"[a-z]{3}-\d{2}", r"(yes|no)", r"\d{1,4}(\.\d{1,2})?", r"[A-Z][a-z]{0,6}", r"#[0-9a-f]{6}",

@@ -22,7 +22,7 @@ import random
 import pytest
 import radixrt
 import torch
-from helpers import corpus_prompts, hf_logprobs
+from support.helpers import corpus_prompts, hf_logprobs
 from make_tiny_model import ensure_model
 from radixrt.kernels import AttentionMetadata, LayerAttention
 

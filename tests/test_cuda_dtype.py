@@ -15,7 +15,7 @@ import torch
 from radixrt.kernels import LayerAttention, PagedKVCache
 from radixrt.kernels import flashinfer_backend as fb
 from radixrt.models.dtype import resolve_dtype
-from test_host_syncs import make_meta_runner
+from support.meta_device import make_meta_runner
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

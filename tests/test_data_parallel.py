@@ -31,12 +31,13 @@ from typing import Any, Iterator
 
 import pytest
 import requests
-from helpers import all_gone, corpus_ids, process_alive, tokenizer, wait_for
-from server_proc import ROOT, child_pids, free_port, running_server, stop
+from support.helpers import all_gone, corpus_ids, process_alive, tokenizer, wait_for
+from support.server_proc import ROOT, child_pids, free_port, running_server, stop
 
 from radixrt.cli_args import add_server_args, server_args_from
 from radixrt.config import ServerArgs
 from radixrt.server.data_parallel import DataParallelServer, Proc, Share, replica_args, server_flags, split_cores, split_gpus
+from support import http
 
 needs_router = pytest.mark.skipif(importlib.util.find_spec("sglang_router") is None,
                                   reason="the router extra is not installed: pip install 'radixrt[router]'")
@@ -50,15 +51,16 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 # -- requests every deployment answers: the same greedy outputs wherever they run --------------
 
 
-def post(url: str, path: str, body: dict[str, Any], **kw: Any) -> requests.Response:
-    r = requests.post(url + path, json=body, headers=AUTH, timeout=60, **kw)
+def post_ok(url: str, path: str, body: dict[str, Any], **kw: Any) -> requests.Response:
+    """support.http.post with the servers' key, asserting a 200."""
+    r = http.post(url, path, body, headers=AUTH, **kw)
     assert r.status_code == 200, f"{path}: {r.status_code} {r.text}"
     return r
 
 
 def streamed_text(url: str, prompt: str) -> str:
     body = {"text": prompt, "sampling_params": {"max_new_tokens": MAX_TOKENS, "temperature": 0}, "stream": True}
-    with post(url, "/generate", body, stream=True) as r:
+    with post_ok(url, "/generate", body, stream=True) as r:
         events = [line[6:] for line in r.iter_lines() if line.startswith(b"data: ")]
     assert events[-1] == b"[DONE]", events[-1:]
     return json.loads(events[-2])["text"]
@@ -67,9 +69,9 @@ def streamed_text(url: str, prompt: str) -> str:
 def outputs(url: str, prompts: list[str]) -> dict[str, Any]:
     """One request of each kind (a different prompt each, so they spread over replicas)."""
     sampling = {"max_new_tokens": MAX_TOKENS, "temperature": 0}
-    gen = post(url, "/generate", {"text": prompts[0], "sampling_params": sampling}).json()
-    completion = post(url, "/v1/completions", {"model": "m", "prompt": prompts[1], "max_tokens": MAX_TOKENS, "temperature": 0}).json()
-    chat = post(url, "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": prompts[2]}],
+    gen = post_ok(url, "/generate", {"text": prompts[0], "sampling_params": sampling}).json()
+    completion = post_ok(url, "/v1/completions", {"model": "m", "prompt": prompts[1], "max_tokens": MAX_TOKENS, "temperature": 0}).json()
+    chat = post_ok(url, "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": prompts[2]}],
                                               "max_tokens": MAX_TOKENS, "temperature": 0}).json()
     return {
         "generate": (gen["text"], gen["output_ids"]),
@@ -80,7 +82,7 @@ def outputs(url: str, prompts: list[str]) -> dict[str, Any]:
 
 
 def ask(url: str, text: str, max_new_tokens: int = 1) -> None:
-    post(url, "/generate", {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}})
+    post_ok(url, "/generate", {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}})
 
 
 def counters(url: str) -> tuple[int, int]:

@@ -18,9 +18,11 @@ import pytest
 import torch
 from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache
 from radixrt.kernels import native_attention
-from radixrt.kernels.native_build import ISA_ENV, ISAS, build, find_compiler, runnable_isas
+from radixrt.kernels.native_build import ISA_ENV, ISAS
 from radixrt.kernels.decode_attention import attend, merge
 from radixrt.kernels.torch_backend import TorchBackend
+from support.kernels import NATIVE, use_path
+from support.oracle import naive_attention
 
 KV_HEADS = 2
 # Cascade groups: (their first request, members, tokens of prefix pages they share: whole pages at 1 and 16)
@@ -32,17 +34,6 @@ KV_LENS = [81, 97, 120, 67, 84, 1, 5, 16, 17, 33, 64, 100, 150]
 def shared_of(i: int) -> tuple[int, int]:
     """(the group's first request, its shared tokens) for a member of a cascade group; (i, 0) otherwise."""
     return next(((first, shared) for first, n, shared in GROUPS if first <= i < first + n), (i, 0))
-
-
-def naive_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [heads, D]; k, v: [T, kv_heads, D] -> [heads, D], in float64, one query head at a time."""
-    group = q.shape[0] // k.shape[1]
-    out = torch.empty(q.shape, dtype=torch.float64)
-    for h in range(q.shape[0]):
-        kh, vh = k[:, h // group].double(), v[:, h // group].double()
-        weights = torch.softmax(kh @ q[h].double() * scale, 0)
-        out[h] = weights @ vh
-    return out
 
 
 def build_batch(page_size: int, seed: int) -> tuple[torch.Tensor, int]:
@@ -57,29 +48,6 @@ def build_batch(page_size: int, seed: int) -> tuple[torch.Tensor, int]:
         tables.append(prefixes.get(first, []) + [free.pop() for _ in range(math.ceil((n - shared) / page_size))])
     width = max(len(t) for t in tables)
     return torch.tensor([t + [0] * (width - len(t)) for t in tables]), num_pages
-
-
-def require_native() -> None:
-    """Every variant of the compiled kernel must build wherever there is a C compiler (the AVX-512
-    one on an AVX2-only machine too: explicit flags, not -march=native); without one, say so and skip."""
-    if find_compiler() is None:
-        pytest.skip("no C compiler on this machine: the compiled attention kernel cannot be built")
-    for isa in ISAS:
-        build(native_attention.SOURCE, isa)  # raises, failing the test, if the compiler cannot build it
-
-
-# The compiled kernel's variants this CPU can execute, best first: each one runs every native case,
-# and the test ids say which ran here (native-avx512, native-avx2, native-scalar).
-NATIVE = [f"native-{isa.name}" for isa in runnable_isas()]
-
-
-def use_path(path: str, monkeypatch) -> bool:
-    """Whether a backend built now decodes through the compiled kernel; native-<isa> forces that variant."""
-    if not path.startswith("native"):
-        return False
-    require_native()
-    monkeypatch.setenv(ISA_ENV, path.removeprefix("native-"))
-    return True
 
 
 # (path, pool format): the compiled kernel serves float32/bf16 pools; the torch path every format
@@ -126,7 +94,7 @@ def test_decode_batch_matches_naive(path, kv_dtype, dtype, page_size, group, hea
         assert got.dtype == dtype
         for i, n in enumerate(KV_LENS):
             k_all, v_all = cache.read(layer, slots_of(i, torch.arange(n)))  # what the pool holds, new token included
-            want = naive_decode(q[i], k_all, v_all, scale)
+            want = naive_attention(q[i], k_all, v_all, scale)
             torch.testing.assert_close(got[i].double(), want, atol=tol, rtol=tol)
 
 
@@ -208,12 +176,6 @@ def test_the_kernel_variant_follows_the_cpu_and_the_override(monkeypatch):
 EXTEND = [(0, 20), (37, 5), (100, 33), (50, 1), (15, 17)]
 
 
-def naive_extend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [n, heads, D], the last n of k, v's [T, kv_heads, D] positions, each seeing up to itself -> [n, heads, D] float64."""
-    n, T = q.shape[0], k.shape[0]
-    return torch.stack([naive_decode(q[i], k[: T - n + i + 1], v[: T - n + i + 1], scale) for i in range(n)])
-
-
 @pytest.mark.parametrize("path", [*NATIVE, "torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -248,6 +210,6 @@ def test_extend_batch_matches_naive(path, dtype, page_size, group, head_dim, mon
     start = 0
     for i, (p, n) in enumerate(EXTEND):
         k_all, v_all = cache.read(0, slots_of(i, torch.arange(p + n)))
-        want = naive_extend(q[start : start + n], k_all, v_all, scale)
+        want = naive_attention(q[start : start + n], k_all, v_all, scale)
         torch.testing.assert_close(got[start : start + n].double(), want, atol=tol, rtol=tol)
         start += n

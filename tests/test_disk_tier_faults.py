@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 import pytest
 import requests
 import torch
-from fake_worker import POISON, FakeWorker, reference_generate
+from support.fake_worker import POISON, FakeWorker, reference_generate
 from radixrt.cache import RadixCache
 from radixrt.cache.tier_index import page_keys
 from radixrt.config import ServerArgs
@@ -30,8 +30,8 @@ from radixrt.ops.prom import Scrape
 from radixrt.scheduler.scheduler import Scheduler
 from radixrt.worker.disk_tier import Outcome, PageFiles
 from radixrt.worker.kv_tiers import KVTierStore
-from server_proc import assert_healthy_and_idle, running_server, server_info
-from test_scheduler import CharTokenizer, assert_idle_pool, make, req, run
+from support.server_proc import assert_healthy_and_idle, running_server, server_info
+from support.scheduling import CharTokenizer, assert_idle_pool, make, req, run
 
 # -- the worker's tier, with faults injected ------------------------------------------------------
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 import radixrt
-from helpers import assert_no_page_leak, corpus_prompts, wait_for
+from support.helpers import assert_no_page_leak, corpus_prompts, wait_for
 
 GREEDY = {"temperature": 0, "max_new_tokens": 32}
 

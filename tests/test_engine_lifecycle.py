@@ -8,7 +8,7 @@ import time
 
 import pytest
 import radixrt
-from helpers import all_gone, assert_no_page_leak, corpus_prompts, hf_greedy, process_alive
+from support.helpers import all_gone, assert_no_page_leak, corpus_prompts, hf_greedy, process_alive
 from radixrt.frontend.tokenizer_manager import BackendDied
 
 

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 import radixrt
-from helpers import assert_no_page_leak, corpus_prompts, hf_greedy, hf_logprobs
+from support.helpers import assert_no_page_leak, corpus_prompts, hf_greedy, hf_logprobs
 
 LENGTHS = [5, 9, 17, 30, 45, 64, 65, 100, 128, 150, 200, 257, 300, 380, 450, 500]
 MAX_NEW = 24

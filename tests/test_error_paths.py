@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import requests
-from server_proc import assert_healthy_and_idle, running_server
+from support.server_proc import assert_healthy_and_idle, running_server
 
 from radixrt.model_source import Hub, MODEL_FILES, local_dir
 from radixrt.server.http_common import SSE_DONE, Submission, guarded_events, sse

@@ -96,7 +96,7 @@ def test_each_bad_spec_input_is_named():
 def test_an_unregistered_marker_fails_tests():
     proc = dry_run("tests", CUDA_MARK="gpu")
     assert proc.returncode == 1
-    assert "tests: FAILED: CUDA_MARK 'gpu' names gpu, not registered in pyproject.toml (cuda)" in proc.stdout
+    assert "tests: FAILED: CUDA_MARK 'gpu' names gpu, not registered in pyproject.toml (cuda, e2e, unit)" in proc.stdout
     assert "FAILED: tests" in summary(proc)
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers import tokenizer
+from support.helpers import tokenizer
 from radixrt.constrained.grammar import GrammarCompiler
 from radixrt.errors import RequestError
 from radixrt.worker.sampler import mask_disallowed

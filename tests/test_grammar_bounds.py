@@ -11,7 +11,7 @@ import time
 
 import pytest
 import requests
-from server_proc import assert_healthy_and_idle, server_info
+from support.server_proc import assert_healthy_and_idle, server_info
 
 N = 64  # max_new_tokens of every forced request
 CHAT = [{"role": "user", "content": "x"}]

@@ -15,7 +15,7 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_proc import assert_healthy_and_idle, running_server
+from support.server_proc import assert_healthy_and_idle, running_server
 
 # A small context and n cap keep every valid example cheap (a few dozen tokens at most).
 ARGS = ("--page-size", "4", "--max-total-tokens", "4096", "--context-length", "64", "--max-n", "4",

@@ -13,7 +13,8 @@ import time
 
 import pytest
 import requests
-from server_proc import assert_healthy_and_idle, running_server
+from support.server_proc import assert_healthy_and_idle, running_server
+from support.http import post
 
 CONTEXT = 256
 MAX_BYTES = 8 << 20  # below the default, so that a body just under it (about 8 s to tokenize) keeps the test short
@@ -27,12 +28,6 @@ LONG = {"max_new_tokens": 200, "ignore_eos": True}
 def server(llama_path):
     with running_server(llama_path, *ARGS) as (url, proc):
         yield url
-
-
-def post(url: str, path: str, body, **kw) -> requests.Response:
-    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    headers = {"Content-Type": "application/json", **kw.pop("headers", {})}  # a keyless server wants JSON's type
-    return requests.post(url + path, data=data, timeout=60, headers=headers, **kw)
 
 
 def deep(n: int, field: str = "sampling_params") -> str:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import radixrt
 import torch
-from helpers import corpus_prompts
+from support.helpers import corpus_prompts
 from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache, create_attention_backend
 from radixrt.kernels.kv_cache import KV_FORMATS
-from test_torch_backend import naive_attention
+from support.oracle import naive_attention
 
 QUANT = ["int8", "fp8_e4m3", "fp8_e5m2"]
 CPU = torch.device("cpu")
@@ -166,7 +166,7 @@ def test_torch_backend_attends_over_the_dequantized_kv_on_every_path(kv_dtype):
         row = 0
         for r, p, n in step:
             for layer in range(LAYERS):
-                want = naive_attention(q[layer, r, p : p + n], kq[layer, r, : p + n], vq[layer, r, : p + n], p, D**-0.5)
+                want = naive_attention(q[layer, r, p : p + n], kq[layer, r, : p + n], vq[layer, r, : p + n], D**-0.5).float()
                 torch.testing.assert_close(out[layer, row : row + n], want, atol=1e-5, rtol=1e-5)
             row += n
 

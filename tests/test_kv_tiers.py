@@ -11,12 +11,12 @@ import random
 import pytest
 import radixrt
 import requests
-from helpers import assert_no_page_leak, corpus_ids
+from support.helpers import assert_no_page_leak, corpus_ids
 from radixrt.cache.tier_index import TierIndex, page_keys
 from radixrt.messages import DISK_PAGE_GLOB, KVMove, MoveKind, disk_page_key, disk_page_name
 from radixrt.scheduler.kv_tiers import KVTiers
-from server_proc import running_server
-from workloads import cycling_documents
+from support.server_proc import running_server
+from support.workloads import cycling_documents
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0}
 SMALL_POOL = dict(page_size=16, max_total_tokens=768)  # about two and a half documents of the workload

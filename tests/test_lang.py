@@ -11,13 +11,13 @@ from typing import Any, Iterator
 import pytest
 
 import radixrt as rt
-from helpers import hf_logprobs, process_alive, tokenizer
+from support.helpers import hf_logprobs, process_alive, tokenizer
 from radixrt.lang import ProgramError
 from radixrt.lang.backend.base import GenOutput, SelectOutput
 from radixrt.lang.chat_template_registry import get_chat_template
 from radixrt.lang.choices import ChoicesMethod
 from radixrt.lang.scoring import logprob_start, score_choice
-from server_proc import SERVER_PAGE_SIZE
+from support.server_proc import SERVER_PAGE_SIZE
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = SERVER_PAGE_SIZE  # of `server` (conftest.py), the session's shared server

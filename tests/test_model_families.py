@@ -17,8 +17,8 @@ import msgspec
 import pytest
 import radixrt
 import torch
-from fake_worker import FakeWorker, reference_next
-from helpers import assert_no_page_leak, corpus_prompts, hf_model
+from support.fake_worker import FakeWorker, reference_next
+from support.helpers import assert_no_page_leak, corpus_prompts, hf_model
 from make_family_models import FAMILY_NAMES, LONGROPE_ORIGINAL, ensure_family_model
 from radixrt.config import ServerArgs
 from radixrt.messages import TokenizedRequest

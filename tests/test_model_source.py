@@ -13,8 +13,8 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import requests
-from helpers import tokenizer
-from server_proc import running_server
+from support.helpers import tokenizer
+from support.server_proc import running_server
 
 from radixrt.cli_args import add_server_args, server_args_from
 from radixrt.config import CHAT_TEMPLATE_NAMES, ServerArgs

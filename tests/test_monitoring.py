@@ -22,8 +22,8 @@ from typing import Iterator
 
 import pytest
 import requests
-from helpers import corpus_prompts, wait_for
-from server_proc import running_server
+from support.helpers import corpus_prompts, wait_for
+from support.server_proc import running_server
 
 from radixrt.ops.prom import Scrape
 

@@ -119,7 +119,7 @@ def test_a_wrong_tool_choice_is_a_400_naming_it(client, choice, words):
 def test_chat_template_override_and_parser_names_are_checked_at_start(tmp_path, llama_path):
     from types import SimpleNamespace
 
-    from helpers import tokenizer
+    from support.helpers import tokenizer
     from radixrt.config import ServerArgs
     from radixrt.frontend.text_bound import TextBound
     from radixrt.server.openai_api import _chat_ids

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 import radixrt
-from helpers import assert_no_page_leak, corpus_ids, hf_greedy
-from workloads import chat_turn_user_tokens, forks, interleave, shared_document
+from support.helpers import assert_no_page_leak, corpus_ids, hf_greedy
+from support.workloads import chat_turn_user_tokens, forks, interleave, shared_document
 
 MAX_NEW = 8
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0}

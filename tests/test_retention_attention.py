@@ -17,7 +17,8 @@ import torch
 from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache, create_attention_backend
 from radixrt.kernels.torch_backend import TorchBackend
 from radixrt.models.rope import RotaryEmbedding
-from test_torch_backend import backend_device
+from support.kernels import backend_device
+from support.oracle import naive_attention
 
 HEADS, KV_HEADS, D, PAGE, LENGTH = 4, 2, 64, 4, 200
 
@@ -34,15 +35,6 @@ def rotated(rope: RotaryEmbedding, x: torch.Tensor, positions: list[int]) -> tor
     """x: [T, heads, D] -> rotated at `positions` (in float32)."""
     pos = torch.tensor(positions)
     return rope(pos, x, x)[1]
-
-
-def naive(q, k, v, n_new: int, scale: float) -> torch.Tensor:
-    """q: [n, H, D] (the last n of T kept tokens); k, v: [T, Hkv, D] -> [n, H, D] float64, causal in cache order."""
-    q, k, v = q.double(), k.double().repeat_interleave(HEADS // KV_HEADS, 1), v.double().repeat_interleave(HEADS // KV_HEADS, 1)
-    scores = torch.einsum("nhd,thd->hnt", q, k) * scale
-    T = k.shape[0]
-    mask = torch.arange(T)[None, :] <= (T - n_new + torch.arange(n_new))[:, None]
-    return torch.einsum("hnt,thd->nhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), v)
 
 
 @pytest.mark.parametrize("n_new", [1, 8])
@@ -80,5 +72,5 @@ def test_attention_over_kept_pages_equals_naive_attention_over_the_kept_tokens(p
         attn = create_attention_backend(backend, cache, HEADS, D, [la])
     attn.init_forward(AttentionMetadata([n_new], [len(kept)], pages[None], slots[old:], PAGE))
     out = attn.forward(q_run, k_pool[old:].to(dtype), v[kept][old:].to(dtype), 0)
-    want = naive(q_ref, k_ref, v[kept], n_new, la.scale)
+    want = naive_attention(q_ref, k_ref, v[kept], la.scale)
     torch.testing.assert_close(out.double().cpu(), want.cpu(), atol=tol * 10, rtol=tol * 10)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import radixrt
-from helpers import assert_no_page_leak, corpus_prompts, hf_greedy, hf_model
+from support.helpers import assert_no_page_leak, corpus_prompts, hf_greedy, hf_model
 
 PAGE = 16
 SINK_WINDOW_256 = {"policy": "sink_window", "sink_tokens": 4, "window_tokens": 256}
@@ -155,7 +155,7 @@ def test_bad_retention_values_are_refused_naming_the_option(engine, llama_path):
 def test_over_http_a_request_picks_its_policy_and_metrics_count_it(server):
     import requests
 
-    from test_server import metrics
+    from support.http import metrics
 
     body = {"text": "the valley", "sampling_params": {"max_new_tokens": 100, "temperature": 0, "ignore_eos": True,
                                                       "kv_retention": {"policy": "sink_window", "window_tokens": 32}}}

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fake_worker import FakeWorker, reference_generate
+from support.fake_worker import FakeWorker, reference_generate
 from radixrt.config import ServerArgs
 from radixrt.messages import TokenizedRequest
 from radixrt.retention import Retention
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.retention import RetentionBudget
 from radixrt.scheduler.scheduler import Scheduler
-from test_scheduler import CharTokenizer, assert_idle_pool, make, run, tree_pages
+from support.scheduling import CharTokenizer, assert_idle_pool, make, run, tree_pages
 
 SINK_WINDOW = {"policy": "sink_window", "sink_tokens": 4, "window_tokens": 32}
 

@@ -13,22 +13,16 @@ import time
 import pytest
 import radixrt
 import requests
-from helpers import all_gone, corpus_prompts, wait_for
-from server_proc import SERVER_ARGS, assert_healthy_and_idle, child_pids, running_server, spawned_children
+from support.helpers import all_gone, corpus_prompts, wait_for
+from support.server_proc import SERVER_ARGS, assert_healthy_and_idle, child_pids, running_server, spawned_children
 
-from radixrt.ops.prom import Scrape
+from support.http import metrics, post
 
 # `server` (conftest.py) is the session's shared server, started with SERVER_ARGS; the tests that
 # kill, signal or lock a server start their own with the same flags.
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
 ABORTS = 'radixrt:requests_total{finish_reason="abort"}'
 GENERATED = "sglang:generation_tokens_total"
-
-
-def post(url: str, path: str, body, **kw) -> requests.Response:
-    headers = {"Content-Type": "application/json", **kw.pop("headers", {})}  # a keyless server wants JSON's type
-    return requests.post(url + path, data=body if isinstance(body, str) else json.dumps(body), timeout=60,
-                         headers=headers, **kw)
 
 
 def stream_events(resp: requests.Response) -> list:
@@ -38,18 +32,6 @@ def stream_events(resp: requests.Response) -> list:
             payload = line[6:]
             events.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
     return events
-
-
-def metrics(url: str) -> dict[str, float]:
-    """/metrics as {sample name with its labels: value}, and each SGLang-named sample also by its
-    bare name (summed over its labels: one model, one scheduler)."""
-    scrape = Scrape.parse(requests.get(url + "/metrics", timeout=10).text)
-    out: dict[str, float] = {}
-    for (name, labels), value in scrape.samples.items():
-        out[name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else "")] = value
-        if name.startswith("sglang:"):
-            out[name] = out.get(name, 0.0) + value
-    return out
 
 
 def test_greedy_outputs_equal_the_engine(server, llama_path):

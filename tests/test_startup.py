@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import all_gone
-from server_proc import ROOT, free_port
+from support.helpers import all_gone
+from support.server_proc import ROOT, free_port
 
 PROG = "radixrt launch_server: error:"
 

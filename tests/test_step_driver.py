@@ -8,7 +8,7 @@ import ast
 import random
 from pathlib import Path
 
-from fake_worker import FakeWorker
+from support.fake_worker import FakeWorker
 from radixrt.config import ServerArgs
 from radixrt.messages import KVMove, TokenizedRequest
 from radixrt.sampling_params import SamplingParams

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import radixrt
 import zmq
-from helpers import assert_no_page_leak
+from support.helpers import assert_no_page_leak
 from radixrt.frontend.req_state import ReqState
 from radixrt.sampling_params import SamplingParams
 

@@ -15,8 +15,8 @@ from random import Random
 
 import pytest
 import requests
-from helpers import wait_for
-from server_proc import assert_healthy_and_idle, running_server, server_info
+from support.helpers import wait_for
+from support.server_proc import assert_healthy_and_idle, running_server, server_info
 
 from radixrt.config import ServerArgs
 from radixrt.frontend.cache_report import Namespace

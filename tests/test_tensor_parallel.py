@@ -14,12 +14,12 @@ import pytest
 import radixrt
 import requests
 import torch
-from helpers import all_gone, corpus_prompts, half_written_copy, hf_greedy
+from support.helpers import all_gone, corpus_prompts, half_written_copy, hf_greedy
 from make_tiny_model import ensure_model
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
-from server_proc import child_pids, free_port_run, running_server, spawned_children, stop
+from support.server_proc import child_pids, free_port_run, running_server, spawned_children, stop
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0}
 

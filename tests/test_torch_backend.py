@@ -14,28 +14,8 @@ import random
 import pytest
 import torch
 from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache, create_attention_backend
-
-
-def naive_attention(q, k_all, v_all, prefix, scale):
-    """q: [n, H, D]; k_all, v_all: [prefix + n, Hkv, D]; query i sees positions <= prefix + i."""
-    groups = q.shape[1] // k_all.shape[1]
-    k_all, v_all = k_all.repeat_interleave(groups, 1), v_all.repeat_interleave(groups, 1)
-    out = torch.empty_like(q)
-    for i in range(q.shape[0]):
-        end = prefix + i + 1
-        scores = torch.einsum("hd,thd->ht", q[i], k_all[:end]) * scale
-        out[i] = torch.einsum("ht,thd->hd", scores.softmax(-1), v_all[:end])
-    return out
-
-
-def backend_device(name: str) -> tuple[torch.device, torch.dtype, float]:
-    """Where a backend runs, in which dtype, to what tolerance; skips (saying why) when it cannot run here."""
-    if name == "torch":
-        return torch.device("cpu"), torch.float32, 1e-5
-    if not torch.cuda.is_available():
-        pytest.skip("the flashinfer backend needs a CUDA GPU; none is present")
-    pytest.importorskip("flashinfer", reason="flashinfer-python (the `cuda` extra) is not installed")
-    return torch.device("cuda"), torch.bfloat16, 2e-2
+from support.kernels import backend_device
+from support.oracle import naive_attention
 
 
 MIXED = [(0, 7), (13, 5), (20, 1), (1, 1), (0, 1), (37, 9), (64, 1)]  # plain prefill, over a prefix, decodes
@@ -79,7 +59,7 @@ def test_batch_matches_naive(backend_name, shapes, page_size, heads, kv_heads):
         for i, (prefix, new) in enumerate(shapes):
             hk, hv = (x.to(dtype).float() for x in history[i][layer])
             k_all, v_all = torch.cat([hk, k[row : row + new]]), torch.cat([hv, v[row : row + new]])
-            want = naive_attention(q[row : row + new], k_all, v_all, prefix, D**-0.5)
+            want = naive_attention(q[row : row + new], k_all, v_all, D**-0.5).float()
             torch.testing.assert_close(got[row : row + new], want, atol=tol, rtol=tol)
             row += new
 
@@ -140,7 +120,7 @@ def test_decodes_sharing_prefix_pages_attend_in_cascade_exactly(page_size, dtype
         got = backend.forward(q, k, v, layer)
         for i in range(len(kv_lens)):
             hk, hv = seqs[layer][i]
-            want = naive_attention(q[i : i + 1].float(), torch.cat([hk, k[i : i + 1]]).float(),
-                                   torch.cat([hv, v[i : i + 1]]).float(), kv_lens[i] - 1, D**-0.5)
+            want = naive_attention(q[i : i + 1], torch.cat([hk, k[i : i + 1]]), torch.cat([hv, v[i : i + 1]]),
+                                   D**-0.5).float()
             tol = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(got[i : i + 1].float(), want, atol=tol, rtol=tol)

@@ -15,7 +15,7 @@ import threading
 import pytest
 import radixrt
 import torch
-from helpers import assert_no_page_leak, corpus_prompts, half_written_copy, hf_greedy, wait_for
+from support.helpers import assert_no_page_leak, corpus_prompts, half_written_copy, hf_greedy, wait_for
 from make_tiny_model import ensure_model
 from radixrt.errors import RequestError
 from radixrt.frontend.weights import check_update_options

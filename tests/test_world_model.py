@@ -15,8 +15,8 @@ import pytest
 import torch
 import train_demo_model
 import world
-from helpers import assert_pool_idle, hf_greedy, wait_idle
-from server_proc import running_server, server_info
+from support.helpers import assert_pool_idle, hf_greedy, wait_idle
+from support.server_proc import running_server, server_info
 
 import radixrt
 from radixrt.config import KV_QUANT_MIN_AGREEMENT, ServerArgs

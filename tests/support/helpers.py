@@ -91,7 +91,7 @@ def hf_logprobs(path: Path, ids: list[int]) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=1)
 def corpus_ids(path: Path) -> list[int]:
-    text = (Path(__file__).resolve().parents[1] / "scripts" / "data" / "corpus.txt").read_text()
+    text = (Path(__file__).resolve().parents[2] / "scripts" / "data" / "corpus.txt").read_text()
     return tokenizer(path).encode(text)
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Iterator
 
 import requests
-from helpers import assert_pool_idle, wait_idle
+from support.helpers import assert_pool_idle, wait_idle
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The flags of the server the modules share (conftest.server): any test against it may rely on them.
 SERVER_PAGE_SIZE = 16
 # Compact JSON under a json_schema: free whitespace lets random weights pad JSON until max_new_tokens.
