@@ -159,7 +159,7 @@ class Engine:
         """Server arguments and the scheduler's live counters (pool pages, queues, retractions)."""
         self._check_open()
         info: dict[str, Any] = dataclasses.asdict(self.server_args)
-        info.update(self._manager.stats(), **self._manager.worker_info, model_path=self._manager.weights.model_path,
+        info.update(self._manager.stats().info(), **self._manager.worker_info, model_path=self._manager.weights.model_path,
                     weight_version=self._manager.weights.version)
         info["context_length"] = self._backend.worker.context_length
         return info

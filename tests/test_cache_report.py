@@ -20,6 +20,7 @@ import requests
 from radixrt.frontend.cache_report import CacheDiagnosis
 from radixrt.messages import FinishReason, ReqOutput
 from radixrt.ops.cache_report import main as cache_report_main
+from support.scheduling import make
 
 GREEDY = {"max_new_tokens": 4, "temperature": 0}
 
@@ -212,7 +213,7 @@ def test_metrics_show_the_diagnosis():
 
     diag = CacheDiagnosis()
     variable_start(diag, 20)
-    metrics = ServerMetrics(lambda: {}, diag.report)
+    metrics = ServerMetrics(make(num_pages=8, page_size=4)[0].stats, diag.report)
     state = ReqState("r", list(range(100)), None, None, lambda: None)
     metrics.observe(state, ReqOutput("r", [], FinishReason("stop"), 100, 20))
     text = metrics.render().decode()

@@ -212,13 +212,13 @@ def test_a_failed_disk_read_is_recomputed_with_the_same_tokens(tmp_path):
     docs = [[(7 * d + i) % 45 for i in range(70)] for d in range(6)]
     first = [req(f"a{d}", docs[d] + [d], 5) for d in range(6)]
     assert run(s, w, first)[0] == {r.rid: reference_generate(r.input_ids, 5) for r in first}
-    assert s.stats()["disk_cached_pages"] > 0
+    assert s.stats().disk_cached_pages > 0
     w.unreadable = set(list(w.disk)[::2])
     again = [req(f"b{d}{k}", docs[d] + [d, k], 5) for d in range(6) for k in (1, 2)]  # two read each page
     outputs, _ = run(s, w, again)
     assert outputs == {r.rid: reference_generate(r.input_ids, 5) for r in again}
     st = s.stats()
-    assert st["disk_tier_errors"] > 0 and st["recomputed_tokens"] > 0 and st["disk_tier_enabled"] == 1
+    assert st.disk_tier_errors > 0 and st.recomputed_tokens > 0 and st.disk_tier_enabled == 1
     assert_idle_pool(s)
 
 
@@ -231,7 +231,7 @@ def test_lost_keys_leave_the_disk_index_and_a_tier_turned_off_is_forgotten(tmp_p
     assert tiers.disk.keys() == ["b"] and tiers.take_moves() == [KVMove(MoveKind.DROP, keys=["a", "c"])]
     tiers.disk_failed(DiskFaults(["b"], [], errors=6, disabled=True))
     st = s.stats()
-    assert st["disk_tier_enabled"] == 0 and st["disk_tier_errors"] == 8 and st["disk_pages"] == 0
+    assert st.disk_tier_enabled == 0 and st.disk_tier_errors == 8 and st.disk_pages == 0
     r = req("r", [i % 45 for i in range(60)], 3)
     assert run(s, w, [r])[0] == {"r": reference_generate(r.input_ids, 3)}
     assert_idle_pool(s)

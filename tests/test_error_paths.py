@@ -26,6 +26,7 @@ from radixrt.server.metrics import ServerMetrics
 from radixrt.server.nesting import MAX_TEMPLATE_DEPTH, nesting_depth
 from radixrt.server.tool_calls import TOOL_CALL_PARSERS, StreamingToolParser, calls_from_constrained
 from radixrt.utils.checkpoint_meta import read_header
+from support.scheduling import make
 
 ARGS = ("--tool-call-parser", "hermes", "--disable-jump-forward", "--page-size", "16", "--max-total-tokens", "4096")
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -78,7 +79,7 @@ def test_nesting_depth_is_measured_without_recursion():
 def test_a_stream_that_fails_after_its_200_ends_with_an_error_event_and_done():
     aborted: list[str] = []
     manager = SimpleNamespace(abort=lambda rid: aborted.append(rid) or True)
-    metrics = ServerMetrics(lambda: {})
+    metrics = ServerMetrics(make(num_pages=8, page_size=4)[0].stats)
     sub = Submission(SimpleNamespace(manager=manager, metrics=metrics))
     sub.states = [SimpleNamespace(rid="r1", done=False, log_metrics=True)]
 

@@ -67,14 +67,15 @@ def steps(n_decodes: int):
     entries = []
     for slot, ids in enumerate(prompts):
         pages = [free.pop() for _ in range(math.ceil(len(ids) / PAGE))]
-        entries.append(BatchEntry(slot, ids, 0, pages, True, init=SlotInit(SamplingParams(temperature=0), [], [])))
+        entries.append(BatchEntry(slot=slot, input_ids=ids, start_pos=0, new_pages=pages, sample=True, init=SlotInit(SamplingParams(temperature=0), [], [])))
         lens[slot] = len(ids)
     yield ForwardBatch(0, entries)
     for step in range(1, n_decodes + 1):
         entries = []
         for slot in range(3):
             pages = [free.pop()] if lens[slot] % PAGE == 0 else []  # the new token starts a page
-            entries.append(BatchEntry(slot, [rng.randrange(100)], lens[slot], pages, True))
+            entries.append(BatchEntry(slot=slot, input_ids=[rng.randrange(100)], start_pos=lens[slot], new_pages=pages,
+                                      sample=True))
             lens[slot] += 1
         yield ForwardBatch(step, entries)
 

@@ -98,14 +98,14 @@ def test_sink_window_generates_past_the_context_from_a_small_pool_with_sinks_and
     assert outs["a"] == reference_generate(p, 300)  # the fake model reads the last 8 tokens: always kept
     assert finish["a"].type == "length" and len(p) + 300 > 96
     b = RetentionBudget.of(Retention(**SINK_WINDOW), page_size)
-    assert s.stats()["kv_retention_peak_pages"] <= b.max_pages
+    assert s.stats().kv_retention_peak_pages <= b.max_pages
     seq = p + outs["a"]
     for length, view in w.views:  # the sinks, then a contiguous recent stretch of the sequence
         assert view[: b.sink_tokens] == seq[: b.sink_tokens]
         tail = view[b.sink_tokens :]
         assert tail == seq[length - len(tail) : length]
     stats = s.stats()
-    assert stats["kv_retention_dropped_pages"] > 0 and stats["kv_retention_requests_sink_window"] == 1
+    assert stats.kv_retention_dropped_pages > 0 and stats.kv_retention_requests["sink_window"] == 1
     assert_idle_pool(s)
 
 
@@ -115,7 +115,7 @@ def test_a_budget_larger_than_the_sequence_changes_nothing():
         s, w = make(40, 4)
         p = prompt(30)
         outs, _ = run(s, w, [req("a", p, 60, retention), req("b", p + [3], 20, retention)])
-        runs[name] = (outs, sorted(tree_pages(s.mem.cache)), s.stats()["cached_prompt_tokens"], w.views)
+        runs[name] = (outs, sorted(tree_pages(s.mem.cache)), s.stats().cached_prompt_tokens, w.views)
         assert_idle_pool(s)
     assert runs["roomy"][:3] == runs["none"][:3]
     assert runs["roomy"][3] == [], "no drop, no offset: the worker sees ordinary entries"
@@ -125,7 +125,7 @@ def test_kv_computed_after_a_drop_never_reaches_the_cache_and_the_prompt_before_
     s, w = make(64, 4)
     p = prompt(20)
     outs, _ = run(s, w, [req("bounded", p, 100, SINK_WINDOW)])  # drops after about 40 tokens
-    assert s.stats()["kv_retention_dropped_pages"] > 0
+    assert s.stats().kv_retention_dropped_pages > 0
     # a full-attention request over the same prompt and output reuses the prompt's pages, nothing after
     outs2, _ = run(s, w, [req("full", p + outs["bounded"], 4)])
     assert outs2["full"] == reference_generate(p + outs["bounded"], 4)
@@ -152,8 +152,8 @@ def test_heavy_hitter_keeps_the_recent_window_and_drops_the_least_attended_pages
     outs, _ = run(s, w, [req("a", p, 120, retention)])
     assert outs["a"] == reference_generate(p, 120)  # the recent window always holds the last 8 tokens
     b = RetentionBudget.of(Retention("heavy_hitter", 4, 16, 0.5), 4)
-    assert s.stats()["kv_retention_peak_pages"] <= b.max_pages
-    assert s.stats()["kv_retention_requests_heavy_hitter"] == 1
+    assert s.stats().kv_retention_peak_pages <= b.max_pages
+    assert s.stats().kv_retention_requests["heavy_hitter"] == 1
     assert_idle_pool(s)
 
 

@@ -103,7 +103,7 @@ def test_shared_document_is_computed_once_and_hit_by_every_question(page_size, p
     prompt_tokens = sum(len(r.input_ids) for r in reqs)
     # the document once, each question's own tokens, and the decodes: nothing recomputed twice
     assert sum(computed) <= len(doc) + (prompt_tokens - 16 * len(doc)) + 16 * 8 + 16 * page_size
-    assert s.stats()["cache_hit_rate"] > 0.85
+    assert s.stats().cache_hit_rate > 0.85
     assert_idle_pool(s)
 
 
@@ -168,7 +168,7 @@ def test_pressure_evicts_before_retracting_and_everything_completes():
     for r in reqs:
         assert outputs[r.rid] == reference_generate(r.input_ids, 24), r.rid
     st = s.stats()
-    assert st["evicted_pages"] > 0
+    assert st.evicted_pages > 0
     assert_idle_pool(s)
 
 
@@ -186,12 +186,12 @@ def test_tiers_bring_back_the_right_pages(page_size, tmp_path):
     for r in reqs:
         assert outputs[r.rid] == reference_generate(r.input_ids, 6), r.rid
     st = s.stats()
-    assert st["host_hit_pages"] > 0 and st["disk_hit_pages"] > 0, st
-    assert len(w.disk) == st["disk_cached_pages"] and st["host_swap_pages"] == 0
+    assert st.host_hit_pages > 0 and st.disk_hit_pages > 0, st
+    assert len(w.disk) == st.disk_cached_pages and st.host_swap_pages == 0
     assert_idle_pool(s)
     assert s.flush_cache() is None  # the device and host tiers forget; the disk tier persists
     st = s.stats()
-    assert st["cached_pages"] == st["host_cached_pages"] == 0 and st["disk_cached_pages"] == len(w.disk) > 0
+    assert st.cached_pages == st.host_cached_pages == 0 and st.disk_cached_pages == len(w.disk) > 0
 
 
 @pytest.mark.parametrize("mode", ["swap", "auto"])
@@ -204,9 +204,9 @@ def test_swapped_requests_resume_exactly(mode):
     for r in reqs:
         assert outputs[r.rid] == reference_generate(r.input_ids, 40), r.rid
     st = s.stats()
-    assert st["swaps_out"] > 0 and st["swaps_in"] == st["swaps_out"] and st["host_swap_pages"] == 0
+    assert st.swaps_out > 0 and st.swaps_in == st.swaps_out and st.host_swap_pages == 0
     # auto swaps only the victims holding >= 75 tokens; the others recompute (from the radix cache, here)
-    assert (st["retractions"] == st["swaps_out"]) == (mode == "swap"), st
+    assert (st.retractions == st.swaps_out) == (mode == "swap"), st
     assert_idle_pool(s)
 
 
@@ -218,9 +218,9 @@ def test_aborting_a_swapped_out_request_frees_its_host_slots():
     while not any(r.kv.is_swapped for r in s.waiting):
         step(s, w)
     victim = next(r for r in s.waiting if r.kv.is_swapped)
-    assert s.stats()["host_swap_pages"] == len(victim.kv.swap_slots) > 0
+    assert s.stats().host_swap_pages == len(victim.kv.swap_slots) > 0
     s.abort(victim.rid)
-    assert s.stats()["host_swap_pages"] == 0
+    assert s.stats().host_swap_pages == 0
 
 
 def test_longest_prefix_first_counts_what_the_lower_tiers_hold(tmp_path):
@@ -234,7 +234,7 @@ def test_longest_prefix_first_counts_what_the_lower_tiers_hold(tmp_path):
     s.add_request(hit)
     assert s.mem.cache.match_prefix(doc).pages == []  # not on the device any more
     scheduled = s.schedule()  # one slot: the policy picks one of the two
-    assert [r.rid for r in s.running] == ["hit"] and s.stats()["host_hit_pages"] == 15
+    assert [r.rid for r in s.running] == ["hit"] and s.stats().host_hit_pages == 15
     w.move(scheduled.moves)  # what the driver does (step.py), taken apart to look in between
     s.process(w.forward(scheduled.batch))
     first = {o.rid: o.new_ids for o in s.take_outputs()}

@@ -121,7 +121,7 @@ IGNORED_FIELDS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GenerateItem:
     prompt: str | None
     input_ids: list[int] | None
@@ -179,10 +179,11 @@ class GenerateInput:
         for i in range(n):
             for k in range(params[i].n):
                 items.append(GenerateItem(
-                    prompts[i] if prompts is not None else None, ids[i] if ids is not None else None,
-                    _nth_sample(params[i], k), _nth_rid(rids[i], params[i].n, k), bool(lps[i]),
-                    starts[i], tops[i] or 0, req.return_text_in_logprobs, salts[i], _max_tokens_given(raw_params[i]),
-                    req.log_metrics,
+                    prompt=prompts[i] if prompts is not None else None, input_ids=ids[i] if ids is not None else None,
+                    sampling=_nth_sample(params[i], k), rid=_nth_rid(rids[i], params[i].n, k),
+                    return_logprob=bool(lps[i]), logprob_start_len=starts[i], top_logprobs_num=tops[i] or 0,
+                    return_text_in_logprobs=req.return_text_in_logprobs, cache_salt=salts[i],
+                    max_tokens_given=_max_tokens_given(raw_params[i]), log_metrics=req.log_metrics,
                 ))
         return cls(items, is_batch)
 

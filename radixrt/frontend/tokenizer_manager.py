@@ -48,6 +48,7 @@ from radixrt.messages import (
     FrontendMsg,
     GetStats,
     ReqOutput,
+    SchedulerStats,
     SchedulerToFrontend,
     Shutdown,
     TokenBatchOut,
@@ -234,8 +235,9 @@ class TokenizerManager:
                return_logprob: bool = False, logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                return_text_in_logprobs: bool = False, cache_salt: str | None = None) -> ReqState:
         """Send one already tokenized request as is (no door checks beyond the logprob options)."""
-        item = GenerateItem(None, ids, sampling, rid, return_logprob, logprob_start_len, top_logprobs_num,
-                            return_text_in_logprobs, cache_salt)
+        item = GenerateItem(prompt=None, input_ids=ids, sampling=sampling, rid=rid, return_logprob=return_logprob,
+                            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                            return_text_in_logprobs=return_text_in_logprobs, cache_salt=cache_salt)
         start = _logprob_start(len(ids), return_logprob, logprob_start_len, top_logprobs_num)
         return self.submit_prepared([PreparedReq(list(ids), item, start)], notify)[0]
 
@@ -314,7 +316,7 @@ class TokenizerManager:
         for s in states:
             s.fail(why, status_code)
 
-    def stats(self, timeout: float = 30.0) -> dict[str, int | float]:
+    def stats(self, timeout: float = 30.0) -> SchedulerStats:
         """The scheduler's live counters. Raises BackendDied when the backend is gone,
         TimeoutError when it does not answer."""
         return self._ask(GetStats, "stats", timeout).stats

@@ -28,7 +28,7 @@ from radixrt.cache import MatchResult, NoPrefixCache, Node, PageAllocator, Prefi
 from radixrt.cache.tier_index import page_keys
 from radixrt.messages import KVMove, Retain
 from radixrt.scheduler import retained_kv
-from radixrt.scheduler.kv_tiers import KVTiers
+from radixrt.scheduler.kv_tiers import KVTiers, no_tier_stats
 from radixrt.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
@@ -301,5 +301,5 @@ class KVMemory:
             "evictable_pages": cache.evictable_pages,
             "used_pages": self.used_pages,
             "evicted_pages": cache.evicted_pages,
-            **(self.tiers.stats() if self.tiers is not None else {}),
+            **(self.tiers.stats() if self.tiers is not None else no_tier_stats()),
         }

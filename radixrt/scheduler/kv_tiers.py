@@ -29,6 +29,17 @@ from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_key, disk_p
 logger = logging.getLogger(__name__)
 
 
+def tier_counters() -> dict[str, int]:
+    """The tiers' counters, all 0: pages moved per kind, pages loaded back, disk errors."""
+    return {**{f"pages_{k.value}": 0 for k in MoveKind}, "host_hit_pages": 0, "disk_hit_pages": 0, "disk_tier_errors": 0}
+
+
+def no_tier_stats() -> dict[str, int]:
+    """KVTiers.stats() of a server without lower tiers: every figure 0."""
+    return {"host_pages": 0, "host_cached_pages": 0, "host_swap_pages": 0, "disk_pages": 0, "disk_cached_pages": 0,
+            "disk_tier_enabled": 0, **tier_counters()}
+
+
 class KVTiers:
     def __init__(self, host_pages: int, cache_on_host: bool, disk_dir: str = "", disk_pages: int = 0) -> None:
         self.host = TierIndex(host_pages)
@@ -37,8 +48,7 @@ class KVTiers:
         self.disk_dir = Path(disk_dir) if disk_dir else None
         self.moves: list[KVMove] = []
         self._unwritten: set[str] = set()  # disk keys whose write is among the moves not yet taken
-        self.counters = {f"pages_{k.value}": 0 for k in MoveKind}
-        self.counters.update(host_hit_pages=0, disk_hit_pages=0, disk_tier_errors=0)
+        self.counters = tier_counters()
         if self.disk is not None:
             self._adopt_disk(Path(disk_dir))
 

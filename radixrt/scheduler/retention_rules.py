@@ -67,5 +67,5 @@ class RetentionRules:
             "kv_retention_dropped_pages": self.dropped_pages,
             "kv_retention_peak_pages": self.peak_pages,
             "kv_retention_retained_fraction": retained,
-            **{f"kv_retention_requests_{p}": n for p, n in self.requests.items()},
+            "kv_retention_requests": dict(self.requests),
         }

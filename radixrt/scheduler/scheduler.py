@@ -29,6 +29,7 @@ from radixrt.messages import (
     ForwardBatch,
     KVMove,
     ReqOutput,
+    SchedulerStats,
     SlotInit,
     SpotCheck,
     SpotCheckResult,
@@ -68,11 +69,10 @@ from radixrt.scheduler.weight_update import ABORTED_FOR_UPDATE, PendingUpdate
 
 logger = logging.getLogger(__name__)
 GRAMMAR_POLL_MS = 5  # how often a scheduler with only compiling grammars looks for them
-# why a running request gave its pages back (counters retractions_<cause>, /metrics' cause label):
+# why a running request gave its pages back (SchedulerStats.retractions_by_cause, /metrics' cause label):
 # decode_growth: decoding requests needed pages for their next tokens; admission: nothing could run
 # at all; long_rope: a longrope model's sequence outgrew its original context and runs again
 RETRACTION_CAUSES = ("decode_growth", "admission", "long_rope")
-RETRACTION_PREFIX = "retractions_"
 
 
 class Outcome(enum.Enum):
@@ -134,9 +134,9 @@ class Scheduler:
         self.admissions = 0
         self.counters = dict.fromkeys(
             ("retractions", "prompt_tokens", "cached_prompt_tokens", "swaps_out", "swaps_in", "recomputed_tokens",
-             "jump_forward_tokens", "weight_updates", "requests_refused_no_memory",
-             *(RETRACTION_PREFIX + cause for cause in RETRACTION_CAUSES)), 0
+             "jump_forward_tokens", "weight_updates", "requests_refused_no_memory"), 0
         )
+        self.retractions_by_cause = dict.fromkeys(RETRACTION_CAUSES, 0)
         self.figures = SchedulerFigures(worker, args.tp_size)
         self.spot = SpotChecks(args.quality_spot_check_rate, args.quality_spot_check_min_agreement,
                                args.quality_spot_check_queue, args.random_seed,
@@ -425,9 +425,10 @@ class Scheduler:
             init = SlotInit(r.sampling, self.stop.stop_ids(r), penalty_ids, list(r.output_ids), r.long_rope)
         self.inflight.append((r, n))
         allowed = r.grammar.allowed() if sample and r.grammar is not None else b""
-        return BatchEntry(r.slot, r.tokens(start, start + n), r.kv.kv_len, new_pages, sample,
-                          init, logprob_spec(r, start, n), allowed, r.kv.dropped, retain,
-                          r.retention is not None and r.retention.wants_mass)
+        return BatchEntry(slot=r.slot, input_ids=r.tokens(start, start + n), start_pos=r.kv.kv_len, new_pages=new_pages,
+                          sample=sample, init=init, logprobs=logprob_spec(r, start, n), allowed=allowed,
+                          pos_offset=r.kv.dropped, retain=retain,
+                          want_mass=r.retention is not None and r.retention.wants_mass)
 
     # -- results ---------------------------------------------------------------
 
@@ -555,7 +556,7 @@ class Scheduler:
         else:
             self._requeue_to_recompute(r)
         self.counters["retractions"] += 1
-        self.counters[RETRACTION_PREFIX + cause] += 1
+        self.retractions_by_cause[cause] += 1
         self.budget.on_retract()
 
     def _requeue_to_recompute(self, r: Req) -> None:
@@ -571,7 +572,7 @@ class Scheduler:
         cache), so r's short-factor KV goes to the cache (for short prompts) and r runs again
         in the long namespace."""
         self._requeue_to_recompute(r)
-        self.counters[RETRACTION_PREFIX + "long_rope"] += 1
+        self.retractions_by_cause["long_rope"] += 1
         r.long_rope = True
         r.cache_salt = lengthened_namespace(r.cache_salt)
 
@@ -581,23 +582,24 @@ class Scheduler:
             return False
         return mode == "swap" or (mode == "auto" and r.kv_len >= self.args.swap_min_tokens)
 
-    def stats(self) -> dict[str, int | float]:
+    def stats(self) -> SchedulerStats:
         prompt = self.counters["prompt_tokens"]
         pool = self.mem.stats()
-        return {
+        return SchedulerStats(
             **pool,
             **self.figures.stats(pool),
             **self.spot.stats(),
-            "page_size": self.mem.page_size,
-            "running": len(self.running),
-            "waiting": len(self.waiting),
-            "cache_hit_rate": self.counters["cached_prompt_tokens"] / prompt if prompt else 0.0,
-            "bytes_per_token": self.bytes_per_token,
-            "tier_move_seconds": self.tier_move_seconds,
-            "forward_steps": self.step_no,
-            "weight_update_pending": int(self.update is not None),
-            "held_for_weight_update": len(self.update.held) if self.update is not None else 0,
+            page_size=self.mem.page_size,
+            running=len(self.running),
+            waiting=len(self.waiting),
+            cache_hit_rate=self.counters["cached_prompt_tokens"] / prompt if prompt else 0.0,
+            bytes_per_token=self.bytes_per_token,
+            tier_move_seconds=self.tier_move_seconds,
+            forward_steps=self.step_no,
+            weight_update_pending=int(self.update is not None),
+            held_for_weight_update=len(self.update.held) if self.update is not None else 0,
+            retractions_by_cause=dict(self.retractions_by_cause),
             **self.memory_figures,
             **self.counters,
             **self.retention.stats(self.running),
-        }
+        )

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from radixrt.frontend.cache_findings import DIVERGENCE_BUCKETS
 from radixrt.frontend.cache_report import divergence_position
 from radixrt.frontend.req_state import ReqState
-from radixrt.messages import ReqOutput
+from radixrt.messages import ReqOutput, SchedulerStats
 
 # SGLang's default buckets, with finer ones below them: a small model on a CPU answers in milliseconds
 _FINE = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05)
@@ -107,8 +107,21 @@ SCHEDULER_FIGURES = {
     "quality_spot_checks_skipped": ("radixrt:quality_spot_checks_skipped_total",
                                     "spot checks dropped (a full queue, a sequence longer than the reference pool)"),
 }
-RETENTION_REQUESTS = "kv_retention_requests_"  # + policy: admitted requests per retention policy
-RETRACTIONS = "retractions_"  # + cause (scheduler.RETRACTION_CAUSES)
+# scheduler stat (a dict field) -> (radixrt counter name, help, label of its keys)
+LABELLED = {
+    "kv_retention_requests": ("radixrt:kv_retention_requests", "requests admitted under each bounded-KV retention "
+                              "policy", "policy"),
+    "retractions_by_cause": ("radixrt:retractions_by_cause", "running requests that gave their KV pages back, by cause",
+                             "cause"),
+}
+# figures of the pool computed here from the stats, for SGLang's gauges
+DERIVED = ("kv_usage", "used_tokens", "max_total_tokens")
+# stats shown by get_server_info only (SchedulerStats.info()); every other field is a metric above
+INFO_ONLY = frozenset({
+    "num_pages", "free_pages", "evictable_pages", "page_size", "forward_steps", "prompt_tokens",
+    "cached_prompt_tokens", "jump_forward_tokens", "weight_updates", "weight_update_pending", "held_for_weight_update",
+    "kv_pool_bytes", "page_table_bytes", "weight_bytes",
+})
 
 
 def _family(name: str, help_text: str, value: float, labels: dict[str, str]):
@@ -120,36 +133,29 @@ def _family(name: str, help_text: str, value: float, labels: dict[str, str]):
 
 
 class _SchedulerCollector:
-    def __init__(self, stats: Callable[[], dict[str, float]], model_name: str) -> None:
+    def __init__(self, stats: Callable[[], SchedulerStats], model_name: str) -> None:
         self._stats = stats
         self._model = {"model_name": model_name}
         self._sched = {**self._model, **SCHEDULER_LABELS}
 
     def collect(self):
-        s = dict(self._stats())
-        s["kv_usage"] = 1 - s["free_pages"] / s["num_pages"] if s.get("num_pages") else 0.0
-        page = s.get("page_size", 1)
-        s["used_tokens"] = s.get("used_pages", 0) * page
-        s["max_total_tokens"] = s.get("num_pages", 0) * page
+        s = self._stats()
+        derived = {
+            "kv_usage": 1 - s.free_pages / s.num_pages if s.num_pages else 0.0,
+            "used_tokens": s.used_pages * s.page_size,
+            "max_total_tokens": s.num_pages * s.page_size,
+        }
         for key, (name, help_text) in SGLANG_GAUGES.items():
-            yield _family(name, help_text, float(s.get(key, 0)), self._sched)
+            yield _family(name, help_text, float(derived[key] if key in derived else getattr(s, key)), self._sched)
         yield _family("sglang:num_retracted_requests_total", "Total number of retracted requests.",
-                      float(s.get("retractions", 0)), self._sched)
+                      float(s.retractions), self._sched)
         for key, (name, help_text) in SCHEDULER_FIGURES.items():
-            yield _family(name, help_text, float(s.get(key, 0)), {})
-        yield self._labelled(s, "radixrt:kv_retention_requests", "requests admitted under each bounded-KV retention "
-                             "policy", RETENTION_REQUESTS, "policy")
-        yield self._labelled(s, "radixrt:retractions_by_cause", "running requests that gave their KV pages back, by "
-                             "cause", RETRACTIONS, "cause")
-
-    @staticmethod
-    def _labelled(s: dict[str, float], name: str, help_text: str, prefix: str, label: str) -> CounterMetricFamily:
-        """A counter with one sample per stats key `prefix + <label value>`."""
-        fam = CounterMetricFamily(name, help_text, labels=[label])
-        for key, value in s.items():
-            if key.startswith(prefix):
-                fam.add_metric([key.removeprefix(prefix)], float(value))
-        return fam
+            yield _family(name, help_text, float(getattr(s, key)), {})
+        for key, (name, help_text, label) in LABELLED.items():
+            fam = CounterMetricFamily(name, help_text, labels=[label])
+            for value_of, n in getattr(s, key).items():
+                fam.add_metric([value_of], float(n))
+            yield fam
 
 
 class _CacheReportCollector:
@@ -182,7 +188,7 @@ class _CacheReportCollector:
 
 
 class ServerMetrics:
-    def __init__(self, scheduler_stats: Callable[[], dict[str, float]],
+    def __init__(self, scheduler_stats: Callable[[], SchedulerStats],
                  cache_report: Callable[[], dict[str, Any]] | None = None, model_name: str = "") -> None:
         """scheduler_stats and cache_report (CacheDiagnosis.report, optional) are read at each scrape;
         model_name: the served model name (SGLang's model_name label)."""

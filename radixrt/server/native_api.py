@@ -81,7 +81,7 @@ def _add_info(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/server_info")
     def server_info() -> Response:
         info = {k: v for k, v in asdict(ctx.args).items() if k not in SECRET_ARGS}
-        info.update(ctx.manager.stats(), **ctx.manager.worker_info, version=ctx.version,
+        info.update(ctx.manager.stats().info(), **ctx.manager.worker_info, version=ctx.version,
                     context_length=ctx.manager.context_length,
                     model_path=ctx.manager.weights.model_path, weight_version=ctx.manager.weights.version)
         return json_response(info)
