@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 L0 = {"radixrt", "radixrt.config", "radixrt.errors", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils",
-      "radixrt.retention"}
+      "radixrt.retention", "radixrt.stats"}
 # package -> radixrt packages it may import (besides itself)
 ALLOWED = {
     "radixrt.kernels": set(),
@@ -26,7 +26,7 @@ ALLOWED = {
 }
 FOLDER_PACKAGES = {"kernels": "radixrt.kernels", "lang": "radixrt.lang"}  # folder -> the package it installs as
 COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.cli", "radixrt.launch_server", "radixrt.ops"}
-L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc", "retention"}
+L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc", "retention", "stats"}
 
 
 def package_of(path: Path) -> str:

@@ -1,0 +1,100 @@
+"""The scheduler's figures as one typed struct: what GetStats and FlushCache answer (in ControlReply),
+what /metrics exports and get_server_info shows."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SchedulerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The scheduler's figures, as GetStats and FlushCache answer them. Every field is required and
+    no other is taken, so a figure renamed on one side fails where it is built instead of going
+    missing from /metrics. server/metrics.py exports them by field name; get_server_info shows them
+    all (info()); tests/test_stats_coverage.py holds every field to one of the two."""
+
+    # the device KV pool (pages)
+    num_pages: int
+    free_pages: int
+    cached_pages: int
+    evictable_pages: int
+    used_pages: int
+    evicted_pages: int
+    page_size: int
+    kv_peak_used_pages: int
+    # the lower tiers (0 without them)
+    host_pages: int
+    host_cached_pages: int
+    host_swap_pages: int
+    disk_pages: int
+    disk_cached_pages: int
+    disk_tier_enabled: int
+    pages_d2h: int
+    pages_h2d: int
+    pages_h2disk: int
+    pages_d2disk: int
+    pages_disk2d: int
+    pages_drop: int
+    host_hit_pages: int
+    disk_hit_pages: int
+    disk_tier_errors: int
+    tier_move_seconds: float
+    # memory (rank 0's; what `radixrt estimate` predicts)
+    worker_rss_bytes: int
+    worker_rss_peak_bytes: int
+    device_memory_allocated_bytes: int
+    device_memory_reserved_bytes: int
+    device_memory_peak_bytes: int
+    memory_limit_bytes: int
+    host_tier_used_bytes: int
+    host_tier_capacity_bytes: int
+    disk_tier_used_bytes: int
+    disk_tier_capacity_bytes: int
+    bytes_per_token: int
+    kv_pool_bytes: int
+    page_table_bytes: int
+    weight_bytes: int
+    # the queues and the work done
+    running: int
+    waiting: int
+    forward_steps: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    cache_hit_rate: float
+    jump_forward_tokens: int
+    requests_refused_no_memory: int
+    # preemption
+    retractions: int
+    retractions_by_cause: dict[str, int]  # cause (scheduler.RETRACTION_CAUSES) -> retractions
+    swaps_out: int
+    swaps_in: int
+    recomputed_tokens: int
+    # weight updates
+    weight_updates: int
+    weight_update_pending: int
+    held_for_weight_update: int
+    # bounded-KV retention
+    kv_retention_dropped_pages: int
+    kv_retention_peak_pages: int
+    kv_retention_retained_fraction: float
+    kv_retention_requests: dict[str, int]  # policy -> requests admitted under it
+    # quality spot checks
+    quality_spot_checks: int
+    quality_spot_check_tokens: int
+    quality_top1_agreement: float
+    quality_mean_abs_dlogprob: float
+    quality_last_top1_agreement: float
+    quality_last_mean_abs_dlogprob: float
+    quality_spot_checks_pending: int
+    quality_spot_checks_skipped: int
+
+    def info(self) -> dict[str, int | float]:
+        """The fields as get_server_info shows them: flat, a dict field as one key per entry
+        (retractions_<cause>, kv_retention_requests_<policy>)."""
+        flat: dict[str, int | float] = {}
+        for name, value in msgspec.structs.asdict(self).items():
+            if isinstance(value, dict):
+                prefix = "retractions_" if name == "retractions_by_cause" else name + "_"
+                flat.update({prefix + key: n for key, n in value.items()})
+            else:
+                flat[name] = value
+        return flat
