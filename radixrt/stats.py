@@ -64,7 +64,7 @@ class SchedulerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     requests_refused_no_memory: int
     # preemption
     retractions: int
-    retractions_by_cause: dict[str, int]  # cause (scheduler.RETRACTION_CAUSES) -> retractions
+    retractions_by_cause: dict[str, int]  # cause (scheduler/preemption.RETRACTION_CAUSES) -> retractions
     swaps_out: int
     swaps_in: int
     recomputed_tokens: int

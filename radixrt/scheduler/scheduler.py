@@ -56,11 +56,11 @@ from radixrt.scheduler.logprobs import (
     attach_output_logprobs,
     attach_prompt_logprobs,
     collect_prompt_logprobs,
-    forget_prompt_logprobs,
     logprob_spec,
 )
 from radixrt.scheduler.policy import SCHEDULE_POLICIES
-from radixrt.scheduler.req import Req, lengthened_namespace, longrope_namespace
+from radixrt.scheduler.preemption import Preemption
+from radixrt.scheduler.req import Req, longrope_namespace
 from radixrt.scheduler.retained_kv import add_mass
 from radixrt.scheduler.retention_rules import RetentionRules
 from radixrt.scheduler.spot_checks import SpotChecks
@@ -69,10 +69,6 @@ from radixrt.scheduler.weight_update import ABORTED_FOR_UPDATE, PendingUpdate
 
 logger = logging.getLogger(__name__)
 GRAMMAR_POLL_MS = 5  # how often a scheduler with only compiling grammars looks for them
-# why a running request gave its pages back (SchedulerStats.retractions_by_cause, /metrics' cause label):
-# decode_growth: decoding requests needed pages for their next tokens; admission: nothing could run
-# at all; long_rope: a longrope model's sequence outgrew its original context and runs again
-RETRACTION_CAUSES = ("decode_growth", "admission", "long_rope")
 
 
 class Outcome(enum.Enum):
@@ -133,10 +129,11 @@ class Scheduler:
         self.step_no = 0
         self.admissions = 0
         self.counters = dict.fromkeys(
-            ("retractions", "prompt_tokens", "cached_prompt_tokens", "swaps_out", "swaps_in", "recomputed_tokens",
-             "jump_forward_tokens", "weight_updates", "requests_refused_no_memory"), 0
+            ("prompt_tokens", "cached_prompt_tokens", "swaps_in", "recomputed_tokens", "jump_forward_tokens",
+             "weight_updates", "requests_refused_no_memory"), 0
         )
-        self.retractions_by_cause = dict.fromkeys(RETRACTION_CAUSES, 0)
+        self.preemption = Preemption(args.preemption_mode, args.swap_min_tokens, self.mem, self.budget, self.waiting,
+                                     self._release)
         self.figures = SchedulerFigures(worker, args.tp_size)
         self.spot = SpotChecks(args.quality_spot_check_rate, args.quality_spot_check_min_agreement,
                                args.quality_spot_check_queue, args.random_seed,
@@ -380,15 +377,15 @@ class Scheduler:
         return any(a.cache_salt == r.cache_salt and a.seq_len > end and a.tokens(0, end) == probe for a in computing)
 
     def _make_room(self, cause: str) -> Req | None:
-        """Nothing fits: retract the newest running request (cause: RETRACTION_CAUSES), or, with
-        none running, reject the first waiting one (it cannot fit even an empty pool)."""
+        """Nothing fits: a running request gives its pages back (preemption.py; cause: RETRACTION_CAUSES),
+        or, with none running, the first waiting one is refused (it cannot fit even an empty pool)."""
         if self.running:
-            victim = max(self.running, key=lambda r: r.admitted_at)
+            victim = self.preemption.victim(self.running)
             if len(self.running) == 1:
                 self.counters["requests_refused_no_memory"] += 1
                 self._finish(victim, FinishReason("abort", message="the KV pool is too small for this sequence"))
             else:
-                self._retract(victim, cause)
+                self.preemption.retract(victim, cause)
             return victim
         r = self.waiting.pop(0)
         pool = self.mem.num_pages
@@ -468,7 +465,7 @@ class Scheduler:
                 self.spot.on_finish(r)
                 self._release(r)
             elif self.long_prompt_threshold and not r.long_rope and r.seq_len > self.long_prompt_threshold:
-                self._recompute_under_long_rope(r)
+                self.preemption.recompute_under_long_rope(r)
             elif n > 1:
                 self.mem.cache_progress(r)  # a prefill chunk: share its full pages now
         self.inflight = []
@@ -489,7 +486,7 @@ class Scheduler:
             logger.warning("recomputing %d requests: the disk KV tier could not load %d of their pages",
                            len(lost), len(pages))
         for r in lost:
-            self._requeue_to_recompute(r)
+            self.preemption.requeue_to_recompute(r)
         self.mem.forget(pages)
         return entries
 
@@ -544,44 +541,6 @@ class Scheduler:
         self.freed_slots.append(r.slot)
         r.slot = None
 
-    def _retract(self, r: Req, cause: str) -> None:
-        """Give r's pages back and queue it first: swapped to host memory (by --preemption-mode),
-        or to recompute prompt + output so far (what the prefix cache still holds is reused)."""
-        swapped = self._swaps(r) and r.sampling.max_new_tokens > 0 and self.mem.swap_out(r)
-        logger.info("retracting %s (%d tokens, %s) to free KV pages", r.rid, r.seq_len, "swapped" if swapped else "to recompute")
-        if swapped:
-            self.counters["swaps_out"] += 1
-            self._release(r)
-            self.waiting.insert(0, r)
-        else:
-            self._requeue_to_recompute(r)
-        self.counters["retractions"] += 1
-        self.retractions_by_cause[cause] += 1
-        self.budget.on_retract()
-
-    def _requeue_to_recompute(self, r: Req) -> None:
-        """r gives its pages back (the cache keeps its full ones) and waits first, to run its sequence again."""
-        r.recompute_len = r.kv_len
-        self._release(r)
-        forget_prompt_logprobs(r)
-        self.waiting.insert(0, r)
-
-    def _recompute_under_long_rope(self, r: Req) -> None:
-        """r's sequence just outgrew a longrope model's original context. transformers' Phi-3 then
-        recomputes the whole sequence under the long rope factors (its generate drops the KV
-        cache), so r's short-factor KV goes to the cache (for short prompts) and r runs again
-        in the long namespace."""
-        self._requeue_to_recompute(r)
-        self.retractions_by_cause["long_rope"] += 1
-        r.long_rope = True
-        r.cache_salt = lengthened_namespace(r.cache_salt)
-
-    def _swaps(self, r: Req) -> bool:
-        mode = self.args.preemption_mode
-        if r.kv.dropped:  # the worker's copy of its sinks' keys leaves with the slot: recompute it
-            return False
-        return mode == "swap" or (mode == "auto" and r.kv_len >= self.args.swap_min_tokens)
-
     def stats(self) -> SchedulerStats:
         prompt = self.counters["prompt_tokens"]
         pool = self.mem.stats()
@@ -598,7 +557,7 @@ class Scheduler:
             forward_steps=self.step_no,
             weight_update_pending=int(self.update is not None),
             held_for_weight_update=len(self.update.held) if self.update is not None else 0,
-            retractions_by_cause=dict(self.retractions_by_cause),
+            **self.preemption.stats(),
             **self.memory_figures,
             **self.counters,
             **self.retention.stats(self.running),
