@@ -41,7 +41,7 @@ from types import TracebackType
 
 from radixrt.config import ServerArgs
 from radixrt.server.launcher import START_TIMEOUT_S, StartupError
-from radixrt.utils.procs import die_with_parent
+from radixrt.utils.procs import die_with_parent, free_ports
 
 logger = logging.getLogger("radixrt.server")
 ROUTER_INSTALL = 'pip install "radixrt[router]" (or pip install sglang-router)'
@@ -243,15 +243,6 @@ def check_port_free(host: str, port: int) -> None:
             raise StartupError(f"cannot bind {host}:{port}: {e.strerror}") from None
 
 
-def _free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (each socket held until all are picked)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-
-
 # -- the deployment ---------------------------------------------------------------------
 
 
@@ -288,7 +279,7 @@ class DataParallelServer:
 
     def start(self) -> None:
         check_port_free(self.args.host, self.args.port)
-        *ports, metrics_port = _free_ports(len(self.shares) + 1)
+        *ports, metrics_port = free_ports(len(self.shares) + 1)
         for rank, (share, port) in enumerate(zip(self.shares, ports)):
             self._start_replica(rank, share, port)
         for proc, url in zip(self.replicas, self.replica_urls):

@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from radixrt.messages import ChildFailed, ReadyMsg, SchedulerReady, WorkerReady
 from radixrt.model_source import resolve_model_source
 from radixrt.server import child
 from radixrt.server.worker_env import find_tcmalloc, worker_env
-from radixrt.utils.procs import Addresses
+from radixrt.utils.procs import Addresses, free_port
 
 logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 600
@@ -56,12 +55,6 @@ def resolve_update_path(args: ServerArgs, model_path: str) -> str:
         return resolve_model_source(dataclasses.replace(args, model_path=model_path, tokenizer_path=None)).model_path
     except ValueError as e:
         raise RequestError(str(e), "model_path") from None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Child:

@@ -1,12 +1,14 @@
-"""Process plumbing shared by the children: their addresses, their setup, and how one
-reports that it could not start."""
+"""Process plumbing shared by the children: their addresses, their setup, how one reports that it
+could not start, and the one free-port helper."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import signal
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -93,3 +95,17 @@ def startup_failed(ready: Sender[ReadyMsg], who: str, e: Exception) -> NoReturn:
         logging.exception("%s failed to start", who)
     ready.send(ChildFailed(who=who, error=reason))
     raise SystemExit(1)
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (each socket held until all are picked)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def free_port() -> int:
+    """One free loopback port."""
+    return free_ports(1)[0]
