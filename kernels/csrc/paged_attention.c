@@ -157,10 +157,12 @@ ALWAYS_INLINE void qk_rows(const float *q, const void *k_pool, const int kind, c
     }
 }
 
-#define PV_CASES(gn)                                                                                          \
-    if (dn >= 4) pv_tile(w, stride, v_pool, kind, offs, d0, o, D, gn, 4);                                      \
-    else if (dn >= 2) pv_tile(w, stride, v_pool, kind, offs, d0, o, D, gn, 2);                                 \
-    else pv_tile(w, stride, v_pool, kind, offs, d0, o, D, gn, 1);
+/* A PV tile function for gn rows over the widest of 4, 2 or 1 vectors of head_dim left (dn): its
+ * arguments, then gn and that count. */
+#define PV_CASES(TILE, gn, ...)                                                                               \
+    if (dn >= 4) TILE(__VA_ARGS__, gn, 4);                                                                     \
+    else if (dn >= 2) TILE(__VA_ARGS__, gn, 2);                                                                \
+    else TILE(__VA_ARGS__, gn, 1);
 
 /* Returns how many vectors of head_dim it covered from d0 (4, 2 or 1). */
 ALWAYS_INLINE int pv_rows(const float *w, int64_t stride, const void *v_pool, const int kind, const int64_t *offs, int d0,
@@ -168,11 +170,11 @@ ALWAYS_INLINE int pv_rows(const float *w, int64_t stride, const void *v_pool, co
     const int dn = (D - d0) / VL;
     switch (gn) {
 #if GT >= 4
-    case 4: PV_CASES(4) break;
-    case 3: PV_CASES(3) break;
+    case 4: PV_CASES(pv_tile, 4, w, stride, v_pool, kind, offs, d0, o, D) break;
+    case 3: PV_CASES(pv_tile, 3, w, stride, v_pool, kind, offs, d0, o, D) break;
 #endif
-    case 2: PV_CASES(2) break;
-    default: PV_CASES(1) break;
+    case 2: PV_CASES(pv_tile, 2, w, stride, v_pool, kind, offs, d0, o, D) break;
+    default: PV_CASES(pv_tile, 1, w, stride, v_pool, kind, offs, d0, o, D) break;
     }
     return dn >= 4 ? 4 : dn >= 2 ? 2 : 1;
 }
@@ -191,7 +193,7 @@ ALWAYS_INLINE int pv_rows(const float *w, int64_t stride, const void *v_pool, co
 #else
 #define RT 4
 #endif
-#define GEMM_MIN_ROWS 8 /* query rows per KV head from which a task's scores go through the GEMM tiles (unless by bf16 dot) */
+#define GEMM_MIN_ROWS 8 /* query rows per KV head from which a task goes through the GEMM tiles */
 
 #define MAX_GEMM_D 256 /* head_dim up to which the GEMM tiles serve (their block buffers are on the stack) */
 
@@ -298,19 +300,14 @@ ALWAYS_INLINE void pv_dot_tile(const float *w, int64_t stride, const uint32_t *v
         for (int j = 0; j < dn; j++) v_store(o + r * D + d0 + j * VL, acc[r][j]);
 }
 
-#define PV_DOT_CASES(gn)                                                                                      \
-    if (dn >= 4) pv_dot_tile(w, stride, vp, d0, o, D, gn, 4);                                                  \
-    else if (dn >= 2) pv_dot_tile(w, stride, vp, d0, o, D, gn, 2);                                             \
-    else pv_dot_tile(w, stride, vp, d0, o, D, gn, 1);
-
 /* pv_rows over paired V; returns how many vectors of head_dim it covered from d0. */
 static int pv_dot_rows(const float *w, int64_t stride, const uint32_t *vp, int d0, float *o, int D, int gn) {
     const int dn = (D - d0) / VL;
     switch (gn) {
-    case 4: PV_DOT_CASES(4) break;
-    case 3: PV_DOT_CASES(3) break;
-    case 2: PV_DOT_CASES(2) break;
-    default: PV_DOT_CASES(1) break;
+    case 4: PV_CASES(pv_dot_tile, 4, w, stride, vp, d0, o, D) break;
+    case 3: PV_CASES(pv_dot_tile, 3, w, stride, vp, d0, o, D) break;
+    case 2: PV_CASES(pv_dot_tile, 2, w, stride, vp, d0, o, D) break;
+    default: PV_CASES(pv_dot_tile, 1, w, stride, vp, d0, o, D) break;
     }
     return dn >= 4 ? 4 : dn >= 2 ? 2 : 1;
 }
