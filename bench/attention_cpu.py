@@ -16,7 +16,7 @@ Candidates (each returns [B, heads, head_dim]):
               (`grouped`) where it does not
 Sweeps one axis at a time around a base point (batch 64, 600 KV tokens, head_dim 64, GQA
 group 3 with 4 KV heads, page size 16, bf16), plus batch x KV length for both dtypes.
-Runs under the allocator a CPU worker starts with (radixrt/server/worker_env.py).
+Runs under the allocator a CPU worker starts with (radixrt/launch/worker_env.py).
 Candidates are timed in turn, round after round, and each reports its median (a load that
 comes and goes slows them alike). Prints ms per candidate, each native variant's GB/s (the
 K + V bytes one layer reads / its time) and that as a share of this host's copy bandwidth

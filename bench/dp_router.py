@@ -1,7 +1,7 @@
 """Data parallelism: two radixrt replicas behind SGLang's router, cache_aware vs round_robin.
 
 Each (workload, policy) pair runs on a fresh deployment from
-radixrt/server/data_parallel.py (the code behind `launch_server --dp-size 2`): two
+radixrt/launch/data_parallel.py (the code behind `launch_server --dp-size 2`): two
 replicas with empty caches, one core each on CPU (their share of this process's
 affinity), and the router with the policy under test on 127.0.0.1. Requests go to
 the router as text on the native /generate (the router's cache-aware tree is built
@@ -50,7 +50,7 @@ from support.server_proc import free_port  # noqa: E402
 from support.workloads import chat_turn_user_tokens, forks, interleave  # noqa: E402
 
 from radixrt.config import ServerArgs  # noqa: E402
-from radixrt.server.data_parallel import DataParallelServer  # noqa: E402
+from radixrt.launch.data_parallel import DataParallelServer  # noqa: E402
 
 MAX_NEW = 16
 SAMPLING = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from radixrt.kernels.native_build import cpu_flags
 
-from radixrt.server.worker_env import find_tcmalloc, worker_env
+from radixrt.launch.worker_env import find_tcmalloc, worker_env
 
 COPY_BYTES = 256 << 20  # well past any last-level cache: the copy runs at memory speed
 COLD_BYTES = 256 << 20  # the GEMM probe's weights, all copies together
@@ -43,7 +43,7 @@ MIN_SAMPLE_S = 0.02  # a sample repeats its call until it lasts this long
 
 
 def run_as_worker() -> None:
-    """Re-run this script under the allocator a CPU worker starts with (radixrt/server/worker_env.py),
+    """Re-run this script under the allocator a CPU worker starts with (radixrt/launch/worker_env.py),
     once: the figures are then the worker's. Call it first thing in main()."""
     if "RADIXRT_WORKER_ENV" not in os.environ:
         env = worker_env(tcmalloc=find_tcmalloc()) | {"RADIXRT_WORKER_ENV": "1"}

@@ -19,7 +19,8 @@ from radixrt.frontend.generate_input import GenerateInput
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import BackendDied, TokenizerManager
 from radixrt.frontend.weights import UpdateWeightsResult, check_update_options, model_info
-from radixrt.server.launcher import Backend, prepare_checkpoint, resolve_update_path
+from radixrt.launch.backend import Backend, prepare_checkpoint
+from radixrt.model_source import resolve_update_path
 
 PROGRESS_BAR_MIN = 32  # a list at least this long shows a tqdm bar
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from radixrt.config import ServerArgs
+from radixrt.errors import RequestError
 from radixrt.utils.checkpoint_meta import MAX_PATH_CHARS, irregular_files
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,15 @@ def resolve_model_source(args: ServerArgs, hub: Hub | None = None) -> ServerArgs
         args, model_path=str(model), tokenizer_path=None if tokenizer is None else str(tokenizer),
         served_model_name=args.model_name,
     )
+
+
+def resolve_update_path(args: ServerArgs, model_path: str) -> str:
+    """The local checkpoint directory of a weight update's model_path (a directory, or a Hugging
+    Face repo id through the cache, at args.revision, as at start). Raises RequestError naming it."""
+    try:
+        return resolve_model_source(dataclasses.replace(args, model_path=model_path, tokenizer_path=None)).model_path
+    except ValueError as e:
+        raise RequestError(str(e), "model_path") from None
 
 
 def local_dir(name: str, revision: str | None, what: str, gap: Callable[[Path], str | None],

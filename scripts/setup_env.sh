@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# tcmalloc for the CPU workers (radixrt/server/worker_env.py), from Debian where we may install
+# tcmalloc for the CPU workers (radixrt/launch/worker_env.py), from Debian where we may install
 # it; without it the workers keep glibc's allocator, tuned, and say so in their log.
 if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   { apt-get update -q && apt-get install -y -q libtcmalloc-minimal4; } >/dev/null 2>&1 \

@@ -29,7 +29,7 @@ from radixrt.models.cpu_matmul import (
 )
 from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup
 from radixrt.kernels.native_build import find_compiler
-from radixrt.server.worker_env import GLIBC_KEEP, worker_env
+from radixrt.launch.worker_env import GLIBC_KEEP, worker_env
 from radixrt.worker import model_runner
 
 PROMPT = list(range(20, 84))  # 64 tokens

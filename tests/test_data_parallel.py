@@ -1,7 +1,7 @@
 """Data parallelism behind SGLang's own router (sglang_router): `launch_server --dp-size 2` from
 one command (outputs, placement, clean stop), a router started by hand in front of the same two
 radixrt servers, the error without the router installed, and the parts of
-radixrt/server/data_parallel.py that need no model (shares, command lines, watching, orphans).
+radixrt/launch/ that need no model (shares, command lines, watching, orphans).
 
 One deployment serves the module (two replicas on one core each, from the parent's split); its
 replicas are found from their command lines. Outputs are greedy with an explicit token limit, so
@@ -36,7 +36,9 @@ from support.server_proc import ROOT, child_pids, free_port, running_server, sto
 
 from radixrt.cli_args import add_server_args, server_args_from
 from radixrt.config import ServerArgs
-from radixrt.server.data_parallel import DataParallelServer, Proc, Share, replica_args, server_flags, split_cores, split_gpus
+from radixrt.launch.data_parallel import DataParallelServer
+from radixrt.launch.process import Process
+from radixrt.launch.replicas import Share, replica_args, server_flags, split_cores, split_gpus
 from support import http
 
 needs_router = pytest.mark.skipif(importlib.util.find_spec("sglang_router") is None,
@@ -232,8 +234,9 @@ def test_dp_size_without_the_router_says_how_to_install_it(llama_path, tmp_path)
 @needs_router
 def test_a_process_that_exits_stops_the_deployment(caplog):
     dp = DataParallelServer(ServerArgs(model_path="m", dp_size=2, device="cpu", graceful_shutdown_timeout=1))
-    dp.replicas = [Proc("replica 0", SLEEPER), Proc("replica 1", [sys.executable, "-c", "raise SystemExit(3)"])]
-    dp.router = Proc("the router", SLEEPER)
+    dp.replicas = [Process("replica 0", SLEEPER, own_group=True),
+                   Process("replica 1", [sys.executable, "-c", "raise SystemExit(3)"], own_group=True)]
+    dp.router = Process("the router", SLEEPER, own_group=True)
     pids = [p.pid for p in (*dp.replicas, dp.router)]
     with caplog.at_level(logging.ERROR, logger="radixrt.server"):
         assert dp.serve() == 1
@@ -244,8 +247,8 @@ def test_a_process_that_exits_stops_the_deployment(caplog):
 
 def test_started_processes_die_with_the_parent():
     """Even a parent killed with SIGKILL (no cleanup runs) leaves no replica or router behind."""
-    code = ("import sys; from radixrt.server.data_parallel import Proc; "
-            f"p = Proc('replica 0', {SLEEPER!r}); print(p.pid, flush=True); sys.stdin.read()")
+    code = ("import sys; from radixrt.launch.process import Process; "
+            f"p = Process('replica 0', {SLEEPER!r}, own_group=True); print(p.pid, flush=True); sys.stdin.read()")
     parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     assert process_alive(child)

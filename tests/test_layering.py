@@ -25,7 +25,9 @@ ALLOWED = {
     "radixrt": {"radixrt.engine", "radixrt.config", "radixrt.lang"},
 }
 FOLDER_PACKAGES = {"kernels": "radixrt.kernels", "lang": "radixrt.lang"}  # folder -> the package it installs as
-COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.cli", "radixrt.launch_server", "radixrt.ops"}
+COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.launch", "radixrt.cli", "radixrt.launch_server",
+                     "radixrt.ops"}
+PROCESS_MODULES = {"subprocess", "multiprocessing", "radixrt.launch"}  # what starting a process takes
 L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc", "retention", "stats"}
 
 
@@ -67,6 +69,33 @@ def test_imports_point_one_way():
                 violations.append(f"{path} ({pkg}) imports {sorted(bad)}")
         elif pkg not in COMPOSITION_ROOTS and imports - L0:
             violations.append(f"{path} (L0) imports {sorted(imports - L0)}")
+    assert not violations, "\n".join(violations)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, anywhere in it, as written (`from a.b import c` is a.b)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def starts_processes(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in PROCESS_MODULES)
+
+
+def test_http_starts_no_process_and_the_engine_launches_without_http():
+    """radixrt/launch/ starts the processes; radixrt/server/ only serves HTTP over them, so it imports
+    neither radixrt.launch nor a way to start a process; the Engine launches without the HTTP server."""
+    violations = []
+    for path in sorted((ROOT / "radixrt" / "server").rglob("*.py")):
+        violations += [f"{path}: imports {m}" for m in sorted(imported_modules(path)) if starts_processes(m)]
+    engine = imported_modules(ROOT / "radixrt" / "engine.py")
+    assert "radixrt.launch.backend" in engine
+    violations += [f"radixrt/engine.py: imports {m}" for m in sorted(engine) if m.split(".")[:2] == ["radixrt", "server"]]
     assert not violations, "\n".join(violations)
 
 

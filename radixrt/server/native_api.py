@@ -12,13 +12,13 @@ from fastapi.responses import Response
 from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N
 from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.weights import check_update_options, model_info
+from radixrt.model_source import resolve_update_path
 from radixrt.server.access import cache_report_scope
 from radixrt.server.health_probe import HealthProbe
 from radixrt.server.http_common import (
     SSE_DONE, ApiError, ServerContext, Submission, body_schema, counted, error_body, error_response, event_stream,
     failure, generate_input, json_response, read_typed, sse
 )
-from radixrt.server.launcher import resolve_update_path
 from radixrt.server.schemas import UPDATE_CALL_FIELDS, AbortBody, UpdateWeightsBody
 
 SECRET_ARGS = ("api_key", "admin_api_key")  # left out of /server_info

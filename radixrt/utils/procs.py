@@ -1,14 +1,12 @@
-"""Process plumbing shared by the children: their addresses, their setup, how one reports that it
-could not start, and the one free-port helper."""
+"""Process plumbing the children share with their launcher: their addresses, their setup, and how one
+reports that it could not start. Starting and watching processes is radixrt/launch/."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import os
 import signal
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -96,16 +94,3 @@ def startup_failed(ready: Sender[ReadyMsg], who: str, e: Exception) -> NoReturn:
     ready.send(ChildFailed(who=who, error=reason))
     raise SystemExit(1)
 
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (each socket held until all are picked)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-
-
-def free_port() -> int:
-    """One free loopback port."""
-    return free_ports(1)[0]

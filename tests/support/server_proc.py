@@ -59,11 +59,11 @@ def child_pids(pid: int) -> list[int]:
 
 def spawned_children(pid: int) -> list[int]:
     """The server's worker ranks and scheduler, in start order (ranks first): the children
-    started as `python -c "from radixrt.server.child import main; ..."`."""
+    started as `python -c "from radixrt.launch.child import main; ..."`."""
     out = []
     for child in sorted(child_pids(pid)):
         with contextlib.suppress(OSError):
-            if b"radixrt.server.child" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if b"radixrt.launch.child" in Path(f"/proc/{child}/cmdline").read_bytes():
                 out.append(child)
     return out
 

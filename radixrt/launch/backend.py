@@ -8,11 +8,9 @@ the typed ones.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,21 +19,17 @@ from pathlib import Path
 import zmq
 
 from radixrt.config import ServerArgs
-from radixrt.errors import RequestError
 from radixrt.frontend.sampling_defaults import model_sampling_defaults
 from radixrt.ipc import Receiver
+from radixrt.launch import child
+from radixrt.launch.ports import free_port
+from radixrt.launch.process import START_TIMEOUT_S, Process, StartupError
+from radixrt.launch.worker_env import find_tcmalloc, worker_env
 from radixrt.messages import ChildFailed, ReadyMsg, SchedulerReady, WorkerReady
 from radixrt.model_source import resolve_model_source
-from radixrt.server import child
-from radixrt.server.worker_env import find_tcmalloc, worker_env
-from radixrt.utils.procs import Addresses, free_port
+from radixrt.utils.procs import Addresses
 
 logger = logging.getLogger(__name__)
-START_TIMEOUT_S = 600
-
-
-class StartupError(RuntimeError):
-    """A child could not start (its own log says more); the message is one line for the user."""
 
 
 def prepare_checkpoint(args: ServerArgs) -> ServerArgs:
@@ -46,54 +40,6 @@ def prepare_checkpoint(args: ServerArgs) -> ServerArgs:
     local = resolve_model_source(args)
     model_sampling_defaults(Path(local.model_path), local.sampling_defaults)  # a bad generation_config.json: here
     return local
-
-
-def resolve_update_path(args: ServerArgs, model_path: str) -> str:
-    """The local checkpoint directory of a weight update's model_path (a directory, or a Hugging
-    Face repo id through the cache, at args.revision, as at start). Raises RequestError naming it."""
-    try:
-        return resolve_model_source(dataclasses.replace(args, model_path=model_path, tokenizer_path=None)).model_path
-    except ValueError as e:
-        raise RequestError(str(e), "model_path") from None
-
-
-class Child:
-    """One started child process: multiprocessing.Process's name, pid and exitcode."""
-
-    def __init__(self, name: str, spec: child.ChildSpec, env: dict[str, str] | None = None, more: bool = False) -> None:
-        """more: keep its stdin open for one more frame (send), as the scheduler waits for the ranks' WorkerReady."""
-        self.name = name
-        # stdout and stderr are inherited: the children log where the parent does
-        self._proc = subprocess.Popen(child.command(), stdin=subprocess.PIPE, env=env)
-        self.send(spec, last=not more)
-
-    def send(self, msg: child.ChildSpec | WorkerReady, last: bool = True) -> None:
-        """Write one frame to its stdin (closed after the last)."""
-        try:
-            self._proc.stdin.write(child.encode(msg))
-            self._proc.stdin.flush()
-            if last:
-                self._proc.stdin.close()
-        except BrokenPipeError:  # it died; check_alive says how
-            pass
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    @property
-    def exitcode(self) -> int | None:
-        """None while it runs; its exit status after (-N when signal N ended it)."""
-        return self._proc.poll()
-
-    def join(self, timeout: float) -> None:
-        try:
-            self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def kill(self) -> None:
-        self._proc.kill()
 
 
 class Backend:
@@ -109,7 +55,7 @@ class Backend:
         self.addrs = Addresses.in_dir(self._dir, dist_init, multi_node=args.nnodes > 1)
         self._ctx = zmq.Context()
         self._ready: Receiver[ReadyMsg] = Receiver(self._ctx, self.addrs.ready, ReadyMsg)
-        self.processes: list[Child] = []
+        self.processes: list[Process] = []
         per_node = args.tp_size // args.nnodes
         ranks = range(args.node_rank * per_node, (args.node_rank + 1) * per_node)
         try:
@@ -122,7 +68,7 @@ class Backend:
             # every rank reports; they agreed on one pool, so any report describes them all
             self.worker: WorkerReady = [self._wait_ready(WorkerReady) for _ in ranks][0]
             if scheduler is not None:
-                scheduler.send(self.worker)
+                scheduler.send(child.encode(self.worker))
                 self._wait_ready(SchedulerReady)
         except BaseException:  # the ones already up wait for steps that never come: stop them now
             for p in self.processes:
@@ -130,14 +76,16 @@ class Backend:
             self.shutdown(timeout=2.0)
             raise
 
-    def _start(self, name: str, role: child.Role, args: ServerArgs, rank: int = 0) -> Child:
+    def _start(self, name: str, role: child.Role, args: ServerArgs, rank: int = 0) -> Process:
         spec = child.ChildSpec(role, args, self.addrs, os.getpid(), list(sys.path), rank=rank)
         env = None
         if role == "worker":
             tcmalloc = find_tcmalloc()
             logger.info("%s allocator: %s", name, tcmalloc or "glibc, keeping freed memory (no tcmalloc found)")
             env = worker_env(tcmalloc=tcmalloc)
-        proc = Child(name, spec, env, more=role == "scheduler")
+        proc = Process(name, child.command(), env, stdin=True)
+        # the scheduler's stdin stays open for one more frame: the ranks' WorkerReady
+        proc.send(child.encode(spec), last=role != "scheduler")
         self.processes.append(proc)
         return proc
 
@@ -169,11 +117,10 @@ class Backend:
         """Wait for the children to exit (after a Shutdown message), then force them."""
         deadline = time.monotonic() + timeout
         for p in self.processes:
-            p.join(max(0.0, deadline - time.monotonic()))
+            p.wait(deadline - time.monotonic())
         for p in self.processes:
             if p.exitcode is None:
                 logger.warning("%s did not stop in time; killing it", p.name)
                 p.kill()
-                p.join(5)
         self._ctx.destroy(linger=0)
         shutil.rmtree(self._dir, ignore_errors=True)

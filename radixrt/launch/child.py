@@ -1,6 +1,6 @@
 """The children's entry point: what a worker rank or the scheduler runs first.
 
-The launcher starts each child as `python -c "from radixrt.server.child import main; main()"`
+The Backend starts each child as `python -c "from radixrt.launch.child import main; main()"`
 and writes one msgpack-encoded ChildSpec to its stdin, as a length-prefixed frame. The scheduler
 starts beside the worker ranks and gets a second frame, their WorkerReady, once they are up:
 it spends the ranks' start-up importing and loading its tokenizer instead of waiting for them.
@@ -25,7 +25,7 @@ from radixrt.messages import WorkerReady
 from radixrt.utils.procs import Addresses
 
 Role = Literal["worker", "scheduler"]
-BOOTSTRAP = "from radixrt.server.child import main; main()"  # also how tests tell our children apart
+BOOTSTRAP = "from radixrt.launch.child import main; main()"  # also how tests tell our children apart
 
 
 class ChildSpec(msgspec.Struct, frozen=True):
