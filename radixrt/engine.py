@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import inspect
 import queue
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
@@ -23,6 +26,8 @@ from radixrt.launch.backend import Backend, prepare_checkpoint
 from radixrt.model_source import resolve_update_path
 
 PROGRESS_BAR_MIN = 32  # a list at least this long shows a tqdm bar
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,54 @@ class FlushCacheResult:
 
     success: bool
     message: str = ""
+
+
+@dataclass(frozen=True)
+class GenerateArgs:
+    """The parameters of Engine.generate and async_generate, in one place: SGLang's names and
+    defaults, and in this order positionally (so `generate(prompt, sampling_params)` works).
+    NOTE: the order is part of the public call; add a parameter at the end."""
+
+    prompt: str | list[str] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    stream: bool = False
+    rid: str | list[str] | None = None
+    return_text_in_logprobs: bool = False
+    cache_salt: str | list[str] | None = None
+
+
+def _takes(params: Callable[P, GenerateArgs]) -> Callable[[Callable[[Engine, GenerateArgs], R]],
+                                                          Callable[Concatenate[Engine, P], R]]:
+    """Turns method(self, call) into method(self, <params' fields>): callers pass the fields by
+    position or name, and help(), inspect and type checkers show them as the method's own."""
+
+    fields = inspect.signature(params)
+
+    def wrap(method: Callable[[Engine, GenerateArgs], R]) -> Callable[Concatenate[Engine, P], R]:
+        def bind(args: Any, kwargs: Any) -> GenerateArgs:
+            try:
+                fields.bind(*args, **kwargs)
+            except TypeError as e:  # named after the method, as Python names it, not after the dataclass
+                raise TypeError(f"{method.__qualname__}() {e}") from None
+            return params(*args, **kwargs)
+
+        if inspect.iscoroutinefunction(method):
+            async def call(self: Engine, *args: P.args, **kwargs: P.kwargs) -> Any:
+                return await method(self, bind(args, kwargs))
+        else:
+            def call(self: Engine, *args: P.args, **kwargs: P.kwargs) -> Any:
+                return method(self, bind(args, kwargs))
+        functools.update_wrapper(call, method)
+        own = inspect.signature(method)
+        call.__signature__ = own.replace(  # type: ignore[attr-defined]
+            parameters=[next(iter(own.parameters.values())), *fields.parameters.values()])
+        return call  # type: ignore[return-value]
+
+    return wrap
 
 
 class Engine:
@@ -55,26 +108,14 @@ class Engine:
 
     # -- generation --------------------------------------------------------------
 
-    def generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool | list[bool] = False,
-        logprob_start_len: int | list[int] | None = None,
-        top_logprobs_num: int | list[int] | None = None,
-        stream: bool = False,
-        rid: str | list[str] | None = None,
-        return_text_in_logprobs: bool = False,
-        cache_salt: str | list[str] | None = None,
-    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+    @_takes(GenerateArgs)
+    def generate(self, call: GenerateArgs) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt -> a result dict (a list when n > 1); a list -> a list in order;
         stream=True -> an iterator of cumulative results. Bad input raises ValueError."""
-        gen = self._input(prompt, input_ids, sampling_params, rid, return_logprob, logprob_start_len,
-                          top_logprobs_num, return_text_in_logprobs, cache_salt, stream)
+        gen = self._input(call)
         updates: queue.SimpleQueue[None] = queue.SimpleQueue()
         states = self._manager.submit_all(gen, lambda: updates.put(None))
-        if stream:
+        if call.stream:
             return self._chunks(states[0], updates)
         bar, finished = _progress(len(states)) if gen.is_batch else None, 0
         while finished < len(states):
@@ -87,41 +128,30 @@ class Engine:
             bar.close()
         return self._results(states, gen)
 
+    @_takes(GenerateArgs)
     async def async_generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool | list[bool] = False,
-        logprob_start_len: int | list[int] | None = None,
-        top_logprobs_num: int | list[int] | None = None,
-        stream: bool = False,
-        rid: str | list[str] | None = None,
-        return_text_in_logprobs: bool = False,
-        cache_salt: str | list[str] | None = None,
+        self, call: GenerateArgs
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """generate() for asyncio; stream=True returns an async iterator."""
-        gen = self._input(prompt, input_ids, sampling_params, rid, return_logprob, logprob_start_len,
-                          top_logprobs_num, return_text_in_logprobs, cache_salt, stream)
+        gen = self._input(call)
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue[None] = asyncio.Queue()
         states = self._manager.submit_all(gen, lambda: loop.call_soon_threadsafe(updates.put_nowait, None))
-        if stream:
+        if call.stream:
             return self._async_chunks(states[0], updates)
         while not all(s.done for s in states):
             await updates.get()
         return self._results(states, gen)
 
-    def _input(self, text: Any, input_ids: Any, sampling_params: Any, rid: Any, return_logprob: Any,
-               logprob_start_len: Any, top_logprobs_num: Any, return_text_in_logprobs: bool, cache_salt: Any,
-               stream: bool) -> GenerateInput:
+    def _input(self, call: GenerateArgs) -> GenerateInput:
         self._check_open()
         gen = GenerateInput.build(
-            self.server_args.max_n, text=text, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
-            return_logprob=return_logprob, logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=return_text_in_logprobs, cache_salt=cache_salt,
+            self.server_args.max_n, text=call.prompt, input_ids=call.input_ids, sampling_params=call.sampling_params,
+            rid=call.rid, return_logprob=call.return_logprob, logprob_start_len=call.logprob_start_len,
+            top_logprobs_num=call.top_logprobs_num, return_text_in_logprobs=call.return_text_in_logprobs,
+            cache_salt=call.cache_salt,
         )
-        if stream and len(gen.items) != 1:
+        if call.stream and len(gen.items) != 1:
             raise RequestError("stream=True takes a single prompt and n=1", "stream")
         return gen
 
