@@ -1,9 +1,7 @@
-"""What one node of `launch_server` runs: node 0 serves HTTP over its processes (run_server), the
-others run only their tensor-parallel ranks (run_worker_node). Either watches its processes and
-stops them all when one dies.
-
-Binds the port first (so a busy port fails at once), starts the scheduler and workers, serves
-until SIGINT/SIGTERM or until a child dies, then stops every process.
+"""What one node of `launch_server` runs. Node 0 (run_server) binds the HTTP port first (so a busy
+port fails at once), starts the scheduler and workers, serves radixrt/server/'s app over them until
+SIGINT/SIGTERM or until a child dies, then stops every process. Nodes 1..N-1 (run_worker_node) run
+only their tensor-parallel ranks, watched the same way.
 """
 
 from __future__ import annotations
