@@ -14,6 +14,7 @@ from typing import Any, Union
 
 import msgspec
 
+from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.sampling_params import SamplingParams
 from radixrt.stats import SchedulerStats
 
@@ -27,7 +28,7 @@ class TokenizedRequest(msgspec.Struct, tag=True):
     return_logprob: bool = False
     logprob_start_len: int = -1  # first prompt position with a logprob; -1: none
     top_logprobs_num: int = 0
-    cache_salt: str | None = None  # prefix-cache namespace: different salts never share pages
+    namespace: CacheNamespace = DEFAULT_NAMESPACE  # its prefix cache: different namespaces never share pages
 
 
 class AbortRequest(msgspec.Struct, tag=True):

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from radixrt.config import ServerArgs
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
 from radixrt.frontend.generate_input import GenerateInput
+from radixrt.namespace import CacheNamespace
 from radixrt.sampling_params import SamplingParams
 from radixrt.server.http_server import required_key
 from support.server_proc import SERVER_ARGS, running_server
@@ -181,8 +182,9 @@ def test_spaces_between_special_tokens_is_passed_to_decode_as_sglang_does(tok):
 # -- cache_salt and extra_key: one namespace, never the concatenation (issue 29) ---------------
 
 def test_cache_salt_and_extra_key_combine_into_one_namespace(server):
-    assert GenerateInput.build(text="x", cache_salt="ten", extra_key="ant").items[0].cache_salt == '["ten", "ant"]'
-    assert GenerateInput.build(text="x", extra_key="ant").items[0].cache_salt == "ant"
+    pair = CacheNamespace(salt="ten", extra_key="ant")
+    assert GenerateInput.build(text="x", cache_salt="ten", extra_key="ant").items[0].namespace == pair
+    assert GenerateInput.build(text="x", extra_key="ant").items[0].namespace == CacheNamespace(salt="ant")
     prompt, cached = ids(64), lambda body: post(server, "/generate", body).json()["meta_info"]["cached_tokens"]
     one = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}}
     assert cached({**one, "cache_salt": "ten", "extra_key": "ant-1"}) == 0

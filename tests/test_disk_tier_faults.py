@@ -26,6 +26,7 @@ from radixrt.cache.tier_index import page_keys
 from radixrt.config import ServerArgs
 from radixrt.kernels import PagedKVCache
 from radixrt.messages import BatchResult, DiskFaults, KVMove, MoveKind, disk_page_name
+from radixrt.namespace import DEFAULT_NAMESPACE
 from radixrt.ops.prom import Scrape
 from radixrt.scheduler.scheduler import Scheduler
 from radixrt.worker.disk_tier import Outcome, PageFiles
@@ -263,7 +264,7 @@ def test_a_server_outlives_damaged_page_files_and_a_deleted_disk_directory(llama
         want = [ask(doc) for doc in docs] + [ask(unrelated)]  # the fault-free answers
         assert server_info(url)["disk_tier_errors"] == 0
         (fingerprint_dir,) = [d for d in disk.iterdir() if d.is_dir()]
-        victim = fingerprint_dir / disk_page_name(page_keys(docs[0], PAGE, None)[3])
+        victim = fingerprint_dir / disk_page_name(page_keys(docs[0], PAGE, DEFAULT_NAMESPACE.encoded)[3])
         assert victim.exists(), sorted(p.name for p in fingerprint_dir.iterdir())
         victim.write_bytes(victim.read_bytes()[:100])
         with concurrent.futures.ThreadPoolExecutor(2) as pool:

@@ -12,8 +12,9 @@ import pytest
 import radixrt
 import requests
 from support.helpers import assert_no_page_leak, corpus_ids
-from radixrt.cache.tier_index import TierIndex, page_keys
+from radixrt.cache.tier_index import TierIndex, is_page_key, page_keys
 from radixrt.messages import DISK_PAGE_GLOB, KVMove, MoveKind, disk_page_key, disk_page_name
+from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.scheduler.kv_tiers import KVTiers
 from support.server_proc import running_server
 from support.workloads import cycling_documents
@@ -28,13 +29,15 @@ SMALL_POOL = dict(page_size=16, max_total_tokens=768)  # about two and a half do
 def test_page_keys_chain_over_the_prefix_and_the_namespace():
     rng = random.Random(0)
     tokens = [rng.randrange(1000) for _ in range(100)]
-    keys = page_keys(tokens, 16, None)
-    assert len(keys) == 6 and len(set(keys)) == 6
-    assert page_keys(tokens[:64], 16, None) == keys[:4]  # a prefix has the prefix's keys
-    assert page_keys(tokens, 16, None, known=keys[:3]) == keys  # extending equals recomputing
-    assert page_keys(tokens, 16, "tenant-a")[0] != keys[0]  # namespaces never share
+    plain, tenant = DEFAULT_NAMESPACE.encoded, CacheNamespace(salt="tenant-a").encoded
+    keys = page_keys(tokens, 16, plain)
+    assert len(keys) == 6 and len(set(keys)) == 6 and all(map(is_page_key, keys))
+    assert page_keys(tokens[:64], 16, plain) == keys[:4]  # a prefix has the prefix's keys
+    assert page_keys(tokens, 16, plain, known=keys[:3]) == keys  # extending equals recomputing
+    assert page_keys(tokens, 16, tenant)[0] != keys[0]  # namespaces never share
+    assert page_keys(tokens, 16, tenant, known=keys[:3]) == page_keys(tokens, 16, tenant)  # nor extend each other
     other = [tokens[0] + 1] + tokens[1:]
-    assert all(a != b for a, b in zip(page_keys(other, 16, None), keys))  # a key covers all earlier tokens
+    assert all(a != b for a, b in zip(page_keys(other, 16, plain), keys))  # a key covers all earlier tokens
 
 
 def test_tier_index_is_lru_with_reservations():
@@ -87,12 +90,13 @@ def test_host_spills_to_disk_and_disk_drops_its_oldest(tmp_path):
 
 
 def test_disk_pages_of_an_earlier_run_are_found_and_a_removed_file_is_recomputed(tmp_path):
-    for key in ("old", "mid", "new"):
+    old, mid, new = page_keys([1, 2, 3], 1, DEFAULT_NAMESPACE.encoded)  # the disk tier adopts files named by page keys
+    for key in (old, mid, new):
         (tmp_path / disk_page_name(key)).write_bytes(b"x")
     t = KVTiers(host_pages=2, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=2)  # room for two: the oldest goes
-    assert kinds(t.take_moves()) == [(MoveKind.DROP, [], [], ["old"])] and t.stats()["disk_cached_pages"] == 2
-    (tmp_path / disk_page_name("mid")).unlink()  # removed behind the server's back
-    assert t.hits(["new", "mid"]) == 1 and t.hits(["mid"]) == 0 and t.stats()["disk_cached_pages"] == 1
+    assert kinds(t.take_moves()) == [(MoveKind.DROP, [], [], [old])] and t.stats()["disk_cached_pages"] == 2
+    (tmp_path / disk_page_name(mid)).unlink()  # removed behind the server's back
+    assert t.hits([new, mid]) == 1 and t.hits([mid]) == 0 and t.stats()["disk_cached_pages"] == 1
     t.offload(["a", "b", "c"], [1, 2, 3])  # a spills to disk: its write is pending, it still counts
     assert t.hits(["a", "b", "c"]) == 3
 

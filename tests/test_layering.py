@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 L0 = {"radixrt", "radixrt.config", "radixrt.errors", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils",
-      "radixrt.retention", "radixrt.stats"}
+      "radixrt.retention", "radixrt.stats", "radixrt.namespace"}
 # package -> radixrt packages it may import (besides itself)
 ALLOWED = {
     "radixrt.kernels": set(),
@@ -28,7 +28,7 @@ FOLDER_PACKAGES = {"kernels": "radixrt.kernels", "lang": "radixrt.lang"}  # fold
 COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.launch", "radixrt.cli", "radixrt.launch_server",
                      "radixrt.ops"}
 PROCESS_MODULES = {"subprocess", "multiprocessing", "radixrt.launch"}  # what starting a process takes
-L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc", "retention", "stats"}
+L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc", "retention", "stats", "namespace"}
 
 
 def package_of(path: Path) -> str:

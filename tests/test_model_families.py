@@ -22,6 +22,7 @@ from support.helpers import assert_no_page_leak, corpus_prompts, hf_model
 from make_family_models import FAMILY_NAMES, LONGROPE_ORIGINAL, ensure_family_model
 from radixrt.config import ServerArgs
 from radixrt.messages import TokenizedRequest
+from radixrt.namespace import CacheNamespace
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.req import longrope_namespace
 from radixrt.scheduler.scheduler import Scheduler
@@ -197,7 +198,7 @@ def test_longrope_requests_recompute_when_they_cross_and_never_share_kv_across_f
     cached: dict[str, int] = {}
     for rid, (prompt, n, salt) in reqs.items():  # one at a time: what each finds cached is fixed
         sampling = SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=0)
-        scheduler.add_request(TokenizedRequest(rid, prompt, sampling, cache_salt=salt))
+        scheduler.add_request(TokenizedRequest(rid, prompt, sampling, namespace=CacheNamespace(salt=salt)))
         for out in drive(scheduler, worker):
             outputs[out.rid] = outputs.get(out.rid, []) + out.new_ids
             cached[out.rid] = out.cached_tokens
@@ -210,6 +211,6 @@ def test_longrope_requests_recompute_when_they_cross_and_never_share_kv_across_f
 
 def test_longrope_namespaces_are_distinct_for_every_salt():
     salts = [None, "", "L", "S+", "L+", "x", "+x"]
-    keys = [longrope_namespace(s, long) for s in salts for long in (False, True)]
-    assert len(set(keys)) == len(keys)
-    assert longrope_namespace(None, False) is None  # short prompts without a salt share with nobody new
+    keys = [longrope_namespace(CacheNamespace(salt=s), long) for s in salts for long in (False, True)]
+    assert len(set(keys)) == len(keys) and len({k.encoded for k in keys}) == len(keys)
+    assert longrope_namespace(CacheNamespace(), False) == CacheNamespace()  # short unsalted prompts: the default cache

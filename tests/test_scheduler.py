@@ -8,6 +8,7 @@ import pytest
 
 from support.fake_worker import reference_generate
 from radixrt.messages import TokenizedRequest
+from radixrt.namespace import CacheNamespace
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.step import drive, step
 from support.scheduling import (
@@ -133,10 +134,10 @@ def test_the_same_prompt_twice_reports_all_but_the_last_token_cached():
 
 def test_namespaces_never_share():
     s, w = make(num_pages=256, page_size=4)
-    prompt = list(range(40))
-    a = TokenizedRequest("a", prompt, SamplingParams(max_new_tokens=2, temperature=0), cache_salt="tenant-a")
-    b = TokenizedRequest("b", prompt, SamplingParams(max_new_tokens=2, temperature=0), cache_salt="tenant-b")
-    c = TokenizedRequest("c", prompt, SamplingParams(max_new_tokens=2, temperature=0), cache_salt="tenant-a")
+    prompt, tenant_a, tenant_b = list(range(40)), CacheNamespace(salt="tenant-a"), CacheNamespace(salt="tenant-b")
+    a = TokenizedRequest("a", prompt, SamplingParams(max_new_tokens=2, temperature=0), namespace=tenant_a)
+    b = TokenizedRequest("b", prompt, SamplingParams(max_new_tokens=2, temperature=0), namespace=tenant_b)
+    c = TokenizedRequest("c", prompt, SamplingParams(max_new_tokens=2, temperature=0), namespace=tenant_a)
     run(s, w, [a])
     run(s, w, [b])
     assert s.counters["cached_prompt_tokens"] == 0

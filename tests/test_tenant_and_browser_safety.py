@@ -19,9 +19,9 @@ from support.helpers import wait_for
 from support.server_proc import assert_healthy_and_idle, running_server, server_info
 
 from radixrt.config import ServerArgs
-from radixrt.frontend.cache_report import Namespace
 from radixrt.frontend.generate_input import cache_namespace
 from radixrt.launch_server import warn_about_keys
+from radixrt.namespace import CacheNamespace
 from radixrt.server.access import cache_report_scope
 
 MAX_CONNECTIONS = 100
@@ -59,9 +59,10 @@ def served(url: str) -> None:
 def test_a_salt_and_an_extra_key_never_spell_another_salt():
     names = [cache_namespace(s, k) for s, k in [("tenant", "A"), ("tenantA", None), ("tenant", None), (None, "A"),
                                                 ("[x", None), ('["tenant", "A"]', None), ("ten", "antA"), ("[", "x")]]
-    assert len(set(names)) == len(names) and names[1] == "tenantA"
-    assert cache_namespace(None, "A") == cache_namespace("A", None) == "A"  # SGLang: one alone is itself
-    assert cache_namespace(None, None) is None and cache_namespace("", "") is None
+    assert len(set(names)) == len(names) and names[1] == CacheNamespace(salt="tenantA")
+    assert len({n.encoded for n in names}) == len(names)  # the tiers' content keys keep them apart too
+    assert cache_namespace(None, "A") == cache_namespace("A", None) == CacheNamespace(salt="A")  # SGLang: itself
+    assert cache_namespace(None, None) == CacheNamespace() and cache_namespace("", "") == CacheNamespace()
 
 
 def test_a_tenant_reads_no_other_namespace_through_extra_key(server):
@@ -114,12 +115,12 @@ def test_a_guess_tells_nothing_about_another_tenants_prompts(server):
 def test_only_the_admin_key_reads_every_namespace():
     keyed = ServerArgs(model_path="m", api_key="user", admin_api_key="boss")
     assert cache_report_scope(keyed, "Bearer boss", None, None) is None  # every namespace
-    assert cache_report_scope(keyed, "Bearer boss", "s", None) == Namespace("s")
-    assert cache_report_scope(keyed, "Bearer user", None, None) == Namespace(None)
-    assert cache_report_scope(keyed, "Bearer user", "ten", "ant") == Namespace('["ten", "ant"]')
+    assert cache_report_scope(keyed, "Bearer boss", "s", None) == CacheNamespace(salt="s")
+    assert cache_report_scope(keyed, "Bearer user", None, None) == CacheNamespace()
+    assert cache_report_scope(keyed, "Bearer user", "ten", "ant") == CacheNamespace(salt="ten", extra_key="ant")
     only_api = ServerArgs(model_path="m", api_key="user")
     assert cache_report_scope(only_api, "Bearer user", None, None) is None  # api_key is the admin key then
-    assert cache_report_scope(ServerArgs(model_path="m"), None, None, None) == Namespace(None)  # no key, no admin
+    assert cache_report_scope(ServerArgs(model_path="m"), None, None, None) == CacheNamespace()  # no key, no admin
 
 
 # -- #7 browsers ---------------------------------------------------------------------------------

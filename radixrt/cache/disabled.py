@@ -6,7 +6,7 @@ is freed when it leaves), and there is never anything to evict or persist.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Hashable, Iterator
 
 from radixrt.cache.prefix_cache import InsertResult, MatchResult, Node
 
@@ -19,10 +19,10 @@ class NoPrefixCache:
         self.evictable_pages = 0
         self.evicted_pages = 0
 
-    def match_prefix(self, tokens: list[int], namespace: str | None = None, touch: bool = True) -> MatchResult:
+    def match_prefix(self, tokens: list[int], namespace: Hashable = None, touch: bool = True) -> MatchResult:
         return MatchResult([], self._root, self.page_size)
 
-    def insert(self, tokens: list[int], pages: list[int], namespace: str | None = None) -> InsertResult:
+    def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None) -> InsertResult:
         return InsertResult(self._root, len(pages), [])
 
     def lock(self, node: Node) -> None:
@@ -40,8 +40,8 @@ class NoPrefixCache:
     def reset(self) -> list[int]:
         return []
 
-    def sequence_of(self, node: Node) -> tuple[str | None, list[int]]:
+    def sequence_of(self, node: Node) -> tuple[Hashable, list[int]]:
         return None, []  # the only node is the root
 
-    def sequences(self) -> Iterator[tuple[str | None, list[int], Node]]:
+    def sequences(self) -> Iterator[tuple[Hashable, list[int], Node]]:
         return iter(())

@@ -1,14 +1,16 @@
 """The prefix-cache contract: what KVMemory may assume of RadixCache and NoPrefixCache.
 
-A prefix cache maps token sequences (per namespace, a request's cache_salt) to
-the KV pages that hold them. Pages it holds are its own; a caller pins the
-pages it reads by locking the node a match or an insert returned.
+A prefix cache maps token sequences (per namespace) to the KV pages that hold
+them. Pages it holds are its own; a caller pins the pages it reads by locking
+the node a match or an insert returned. A namespace is any hashable value the
+caller chooses (the runtime's CacheNamespace; None by default): the cache only
+compares namespaces, and sequences in different ones never share a page.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Hashable, Iterator, Protocol
 
 
 @dataclass(eq=False)
@@ -70,7 +72,7 @@ class PrefixCache(Protocol):
     evictable_pages: int
     evicted_pages: int
 
-    def match_prefix(self, tokens: list[int], namespace: str | None = None, touch: bool = True) -> MatchResult:
+    def match_prefix(self, tokens: list[int], namespace: Hashable = None, touch: bool = True) -> MatchResult:
         """The longest cached page-aligned prefix of tokens, plus a partial next page.
 
         Mutates: with touch, the matched path becomes most recently used. With or
@@ -81,7 +83,7 @@ class PrefixCache(Protocol):
         never pinned: copy it before anything can be evicted)."""
         ...
 
-    def insert(self, tokens: list[int], pages: list[int], namespace: str | None = None) -> InsertResult:
+    def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None) -> InsertResult:
         """Add tokens, whose KV is in pages (ceil(len(tokens) / page_size) of them).
 
         Ownership: the cache takes the pages of tokens it did not hold; the caller
@@ -114,10 +116,10 @@ class PrefixCache(Protocol):
         """Forget everything; returns every page held. Raises RuntimeError while a lock is held."""
         ...
 
-    def sequence_of(self, node: Node) -> tuple[str | None, list[int]]:
+    def sequence_of(self, node: Node) -> tuple[Hashable, list[int]]:
         """node's namespace and its whole token sequence from the root."""
         ...
 
-    def sequences(self) -> Iterator[tuple[str | None, list[int], Node]]:
+    def sequences(self) -> Iterator[tuple[Hashable, list[int], Node]]:
         """Every node below the roots with its namespace and whole sequence, parents first."""
         ...

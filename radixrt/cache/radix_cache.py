@@ -10,15 +10,15 @@ its path with lock(node); eviction frees least-recently-used *unlocked leaves*
 first, kept in a SortedList by last access so nothing scans the tree. A node
 whose subtree is unlocked is evictable; its pages count in evictable_pages.
 
-Namespaces (a request's cache_salt) each get their own root: requests in
-different namespaces never share pages. The contract it keeps with its callers
+Namespaces (opaque hashable values: the runtime's CacheNamespace) each get
+their own root: requests in different namespaces never share pages. The contract it keeps with its callers
 is PrefixCache (prefix_cache.py).
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Iterator
+from typing import Callable, Hashable, Iterator
 
 from sortedcontainers import SortedList
 
@@ -30,8 +30,8 @@ class RadixCache:
         self.page_size = page_size
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
-        self.roots: dict[str | None, Node] = {}
-        self._namespace_of: dict[int, str | None] = {}  # root id -> namespace
+        self.roots: dict[Hashable, Node] = {}
+        self._namespace_of: dict[int, Hashable] = {}  # root id -> namespace
         self._leaves = SortedList(key=lambda n: (n.last_access, n.id))  # evictable leaves, LRU first
         self.total_pages = 0
         self.evictable_pages = 0  # pages of nodes with lock_ref == 0
@@ -39,13 +39,13 @@ class RadixCache:
 
     # -- lookup ------------------------------------------------------------------
 
-    def root(self, namespace: str | None = None) -> Node:
+    def root(self, namespace: Hashable = None) -> Node:
         if namespace not in self.roots:
             self.roots[namespace] = root = Node([], [], None, id=next(self._ids))
             self._namespace_of[root.id] = namespace
         return self.roots[namespace]
 
-    def sequence_of(self, node: Node) -> tuple[str | None, list[int]]:
+    def sequence_of(self, node: Node) -> tuple[Hashable, list[int]]:
         """node's namespace and its whole token sequence from the root (its key is the tail)."""
         keys = []
         while node.parent is not None:
@@ -53,7 +53,7 @@ class RadixCache:
             node = node.parent
         return self._namespace_of[node.id], [t for key in reversed(keys) for t in key]
 
-    def sequences(self) -> Iterator[tuple[str | None, list[int], Node]]:
+    def sequences(self) -> Iterator[tuple[Hashable, list[int], Node]]:
         """Every node with its namespace and whole token sequence, parents before children."""
         for namespace, root in self.roots.items():
             stack = [(root, [])]
@@ -63,7 +63,7 @@ class RadixCache:
                     yield namespace, tokens + child.key, child
                     stack.append((child, tokens + child.key))
 
-    def match_prefix(self, tokens: list[int], namespace: str | None = None, touch: bool = True) -> MatchResult:
+    def match_prefix(self, tokens: list[int], namespace: Hashable = None, touch: bool = True) -> MatchResult:
         """The longest cached page-aligned prefix of tokens, plus a partial next page
         (what it mutates and how long the result is valid: see PrefixCache)."""
         node, pos, pages = self._descend(self.root(namespace), tokens, next(self._clock) if touch else None)
@@ -110,7 +110,7 @@ class RadixCache:
 
     # -- insertion -------------------------------------------------------------
 
-    def insert(self, tokens: list[int], pages: list[int], namespace: str | None = None) -> InsertResult:
+    def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None) -> InsertResult:
         """Add tokens (with their pages) to the tree; the tree keeps what it did not have
         (ownership: see PrefixCache.insert)."""
         ps = self.page_size

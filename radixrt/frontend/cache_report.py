@@ -34,8 +34,9 @@ being shared, with the cache or without it.
 A cause is listed when at least CAUSE_MIN_SHARE of the recent prompts show it (LOW_REPETITION_SHARE,
 CAUSE_MIN_SHARE and the report itself are in cache_findings.py).
 
-Namespaces. A request is compared only with the recent texts of its own cache namespace (its
-cache_salt and extra_key, generate_input.cache_namespace): every hash is keyed by the namespace. So
+Namespaces. A request is compared only with the recent texts of its own cache namespace (the
+CacheNamespace of its cache_salt and extra_key, generate_input.cache_namespace): every hash is keyed
+by the namespace value, field by field, so no salt can stand for another namespace's. So
 nothing a tenant sends can tell whether a text appears in another tenant's prompts, through this
 report or the /metrics gauges drawn from it; report() answers for one namespace or for all.
 
@@ -54,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from radixrt.frontend.cache_findings import Observation, build_report
+from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 
 logger = logging.getLogger(__name__)
 
@@ -78,16 +80,9 @@ def divergence_position(prompt_len: int, cached_tokens: int) -> int:
     return prompt_len if cached_tokens >= prompt_len - 1 else max(cached_tokens, 0)
 
 
-def _window_hash(ids: Sequence[int], start: int, length: int = WINDOW, ns: str | None = None) -> int:
+def _window_hash(ids: Sequence[int], start: int, length: int = WINDOW, ns: CacheNamespace = DEFAULT_NAMESPACE) -> int:
     """The hash of ids[start : start + length] within namespace ns (other namespaces never match it)."""
     return hash((ns, tuple(ids[start : start + length])))
-
-
-@dataclass(frozen=True)
-class Namespace:
-    """One prefix-cache namespace: generate_input.cache_namespace's value (None: no salt, no extra_key)."""
-
-    key: str | None
 
 
 @dataclass(frozen=True)
@@ -98,7 +93,7 @@ class Fingerprint:
     prefixes: tuple[int, ...]  # prefixes[i]: tokens [0, (i+1)*W), chained over windows[:i+1]
 
 
-def fingerprint(ids: Sequence[int], ns: str | None = None) -> Fingerprint:
+def fingerprint(ids: Sequence[int], ns: CacheNamespace = DEFAULT_NAMESPACE) -> Fingerprint:
     count = min(len(ids), MAX_INDEXED_TOKENS) // WINDOW
     windows = tuple(_window_hash(ids, i * WINDOW, WINDOW, ns) for i in range(count))
     prefixes, h = [], 0
@@ -116,7 +111,7 @@ class Tail:
 
     run: int
     windows: dict[int, int]
-    ns: str | None
+    ns: CacheNamespace
 
     def found_in(self, ids: Sequence[int], aligned: Sequence[int], start: int) -> bool:
         """Whether ids (whose aligned window hashes are `aligned`) holds the run at or after start."""
@@ -128,7 +123,7 @@ class Tail:
         return False
 
 
-def tail_of(text: Sequence[int], ns: str | None = None) -> Tail | None:
+def tail_of(text: Sequence[int], ns: CacheNamespace = DEFAULT_NAMESPACE) -> Tail | None:
     end = min(len(text), MAX_INDEXED_TOKENS) - 1
     if end < TAIL_RUN:
         return None
@@ -143,7 +138,7 @@ class _Recent:
     fp: Fingerprint  # of its whole text, prompt + output
     tail: Tail | None
     text_len: int
-    ns: str | None
+    ns: CacheNamespace
 
 
 class CacheDiagnosis:
@@ -169,7 +164,7 @@ class CacheDiagnosis:
         self._system: deque[tuple[int, int]] = deque(maxlen=WARN_WINDOW)  # (cached, prompt_len)
 
     def observe(self, prompt_ids: list[int], cached_tokens: int, output_ids: list[int],
-                namespace: str | None = None) -> None:
+                namespace: CacheNamespace = DEFAULT_NAMESPACE) -> None:
         """Record one finished request: its prompt, the prompt tokens it reused, what it generated,
         and its cache namespace (it is compared only with recent texts of the same one)."""
         text = list(prompt_ids) + list(output_ids)
@@ -184,17 +179,17 @@ class CacheDiagnosis:
             logger.warning("prefix-cache hit rate is %.1f%% over the last %d prompts that share a system "
                            "prompt; likely cause: %s", 100 * due[0], due[1], why)
 
-    def report(self, first_n: int = CACHE_REPORT_FIRST_N, only: Namespace | None = None) -> dict[str, Any]:
+    def report(self, first_n: int = CACHE_REPORT_FIRST_N, only: CacheNamespace | None = None) -> dict[str, Any]:
         """The diagnosis of the recent requests as a JSON-able dict (see build_report): of those in
         namespace `only`, or of all (None). Its "scope" says which: "all" or "namespace"."""
         with self._lock:
-            observations = [r.obs for r in self._recent.values() if only is None or r.ns == only.key]
+            observations = [r.obs for r in self._recent.values() if only is None or r.ns == only]
         report = build_report(observations, first_n, self.cache_enabled)
         return {**report, "scope": "all" if only is None else "namespace"}
 
     # -- under the lock ------------------------------------------------------------------------
 
-    def _analyse(self, prompt: Sequence[int], cached: int, fp: Fingerprint, ns: str | None) -> Observation:
+    def _analyse(self, prompt: Sequence[int], cached: int, fp: Fingerprint, ns: CacheNamespace) -> Observation:
         own = min(len(prompt), MAX_INDEXED_TOKENS) // WINDOW  # the prompt's aligned windows lead fp's
         depth = 0
         while depth < own and fp.prefixes[depth] in self._prefixes:
@@ -214,12 +209,12 @@ class CacheDiagnosis:
             evicted=self.cache_enabled and depth * WINDOW >= divergence + EVICTED_MIN_TOKENS,
             kept_tail=kept_tail, system=system)
 
-    def _first_shared(self, ids: Sequence[int], ns: str | None, start: int, stop: int) -> int | None:
+    def _first_shared(self, ids: Sequence[int], ns: CacheNamespace, start: int, stop: int) -> int | None:
         """The first position in [start, stop) whose window is in a recent text of ns (at any offset)."""
         stop = min(stop, min(len(ids), MAX_INDEXED_TOKENS) - WINDOW + 1)
         return next((i for i in range(start, stop) if _window_hash(ids, i, WINDOW, ns) in self._windows), None)
 
-    def _hits_from(self, ids: Sequence[int], ns: str | None, start: int | None) -> int:
+    def _hits_from(self, ids: Sequence[int], ns: CacheNamespace, start: int | None) -> int:
         """How many of the windows at start, start + W, ... are in recent texts (0 without a start)."""
         if start is None:
             return 0

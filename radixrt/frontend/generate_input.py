@@ -17,13 +17,13 @@ the field), those that change nothing in the answer in IGNORED_FIELDS.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
 import msgspec
 
 from radixrt.errors import RequestError, from_validation
+from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.sampling_params import Int64, NonNegInt, SamplingParams, SamplingParamsIn, refuse_unsupported
 
 DEFAULT_MAX_N = 128
@@ -131,7 +131,7 @@ class GenerateItem:
     logprob_start_len: int | None
     top_logprobs_num: int
     return_text_in_logprobs: bool
-    cache_salt: str | None
+    namespace: CacheNamespace = DEFAULT_NAMESPACE  # cache_namespace(cache_salt, extra_key)
     max_tokens_given: bool = True  # the client set max_new_tokens (checked against the context, as SGLang does)
     log_metrics: bool = True
 
@@ -173,8 +173,8 @@ class GenerateInput:
         lps = _per_item(req.return_logprob, n, "return_logprob")
         starts = _per_item(req.logprob_start_len, n, "logprob_start_len")
         tops = _per_item(req.top_logprobs_num, n, "top_logprobs_num")
-        salts = [cache_namespace(a, b) for a, b in zip(_per_item(req.cache_salt, n, "cache_salt"),
-                                                       _per_item(req.extra_key, n, "extra_key"))]
+        namespaces = [cache_namespace(a, b) for a, b in zip(_per_item(req.cache_salt, n, "cache_salt"),
+                                                            _per_item(req.extra_key, n, "extra_key"))]
         items = []
         for i in range(n):
             for k in range(params[i].n):
@@ -182,7 +182,7 @@ class GenerateInput:
                     prompt=prompts[i] if prompts is not None else None, input_ids=ids[i] if ids is not None else None,
                     sampling=_nth_sample(params[i], k), rid=_nth_rid(rids[i], params[i].n, k),
                     return_logprob=bool(lps[i]), logprob_start_len=starts[i], top_logprobs_num=tops[i] or 0,
-                    return_text_in_logprobs=req.return_text_in_logprobs, cache_salt=salts[i],
+                    return_text_in_logprobs=req.return_text_in_logprobs, namespace=namespaces[i],
                     max_tokens_given=_max_tokens_given(raw_params[i]), log_metrics=req.log_metrics,
                 ))
         return cls(items, is_batch)
@@ -196,21 +196,17 @@ def _check_call_size(prompts: int, params: list[SamplingParams], most: int | Non
                            f"most {most} per call (--max-requests-per-call)", field)
 
 
-def cache_namespace(cache_salt: str | None, extra_key: str | None) -> str | None:
-    """The prefix-cache namespace of cache_salt and extra_key; None when both are empty.
+def cache_namespace(cache_salt: str | None, extra_key: str | None) -> CacheNamespace:
+    """The prefix-cache namespace of cache_salt and extra_key; the default one when both are empty.
 
     SGLang (serving_base._compute_extra_key) concatenates the non-empty ones, so salt "tenant"
-    with extra_key "A" reads the cache of salt "tenantA": a client whose salt a gateway sets could
-    reach another tenant's namespace through extra_key. Here one of them alone keeps SGLang's value
-    (itself), and the two together are the JSON pair ["salt", "key"]. Injective but for that shared
-    single value: a lone value that starts with "[" gets one more "[" in front, so it can never
-    spell a pair (pairs start with '["', escaped lone values with "[[")."""
+    with extra_key "A" reads the cache of salt "tenant" + "A": a client whose salt a gateway sets
+    could reach another tenant's namespace through extra_key. Here one of them alone keeps SGLang's
+    value (itself, as the namespace's salt, whichever field it came in), and the two together fill
+    both fields, which CacheNamespace keeps apart."""
     if cache_salt and extra_key:
-        return json.dumps([cache_salt, extra_key], ensure_ascii=False)
-    alone = cache_salt or extra_key
-    if not alone:
-        return None
-    return "[" + alone if alone.startswith("[") else alone
+        return CacheNamespace(salt=cache_salt, extra_key=extra_key)
+    return CacheNamespace(salt=cache_salt or extra_key or None)
 
 
 def _max_tokens_given(sp: SamplingParamsIn | None) -> bool:

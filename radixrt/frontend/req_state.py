@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
 from radixrt.messages import FinishReason, ReqOutput, TopLogprobs
+from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.sampling_params import SamplingParams
 
 
@@ -21,7 +22,7 @@ class ReqState:
     return_logprob: bool = False
     return_text_in_logprobs: bool = False
     log_metrics: bool = True  # false: the metrics observer never sees it (health probes)
-    cache_namespace: str | None = None  # generate_input.cache_namespace (the cache diagnosis keeps them apart)
+    cache_namespace: CacheNamespace = DEFAULT_NAMESPACE  # the cache diagnosis keeps namespaces apart
     weight_version: str = "default"  # the weights that serve it (SGLang's label; a weight update may set it)
     output_ids: list[int] = field(default_factory=list)
     finish: FinishReason | None = None

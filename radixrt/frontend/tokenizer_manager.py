@@ -57,6 +57,7 @@ from radixrt.messages import (
     WeightsUpdateReply,
     WorkerReady,
 )
+from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.sampling_params import SamplingParams
 from radixrt.utils.checkpoint_meta import incompatibility
 from radixrt.utils.procs import Addresses
@@ -220,7 +221,8 @@ class TokenizerManager:
             _check_unicode(s, "stop")
         if item.sampling.constraint is not None:
             self._grammar_compiler().compile(*item.sampling.constraint)  # a bad grammar is a 400 here
-        for value, name in ((item.rid, "rid"), (item.cache_salt, "cache_salt")):
+        ns = item.namespace
+        for value, name in ((item.rid, "rid"), (ns.salt, "cache_salt"), (ns.extra_key, "extra_key")):
             if value is not None:
                 _check_unicode(value, name)
 
@@ -233,11 +235,11 @@ class TokenizerManager:
 
     def submit(self, ids: list[int], sampling: SamplingParams, notify: Callable[[], None], *, rid: str | None = None,
                return_logprob: bool = False, logprob_start_len: int | None = None, top_logprobs_num: int = 0,
-               return_text_in_logprobs: bool = False, cache_salt: str | None = None) -> ReqState:
+               return_text_in_logprobs: bool = False, namespace: CacheNamespace = DEFAULT_NAMESPACE) -> ReqState:
         """Send one already tokenized request as is (no door checks beyond the logprob options)."""
         item = GenerateItem(prompt=None, input_ids=ids, sampling=sampling, rid=rid, return_logprob=return_logprob,
                             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                            return_text_in_logprobs=return_text_in_logprobs, cache_salt=cache_salt)
+                            return_text_in_logprobs=return_text_in_logprobs, namespace=namespace)
         start = _logprob_start(len(ids), return_logprob, logprob_start_len, top_logprobs_num)
         return self.submit_prepared([PreparedReq(list(ids), item, start)], notify)[0]
 
@@ -265,9 +267,9 @@ class TokenizerManager:
             detok = IncrementalDetokenizer(self.tokenizer, it.sampling, p.stops)
             states.append(ReqState(rid, p.ids, it.sampling, detok, notify, it.return_logprob, it.return_text_in_logprobs,
                                    log_metrics=it.log_metrics, weight_version=self.weights.version,
-                                   cache_namespace=it.cache_salt))
+                                   cache_namespace=it.namespace))
             msgs.append(TokenizedRequest(rid, p.ids, it.sampling, it.return_logprob, p.logprob_start,
-                                         it.top_logprobs_num, it.cache_salt))
+                                         it.top_logprobs_num, it.namespace))
         with self._lock:
             rids: set[str] = set()
             for s in states:

@@ -57,11 +57,11 @@ class KVMemory:
     def match(self, r: Req) -> MatchResult:
         """r's reusable prefix in the tree. Nothing is pinned: the result is good until the
         next allocation, so pass it to admit() before allocating anything."""
-        return self.cache.match_prefix(r.tokens(0, r.match_limit), r.cache_salt)
+        return self.cache.match_prefix(r.tokens(0, r.match_limit), r.namespace)
 
     def prefix_len(self, r: Req) -> int:
         """Tokens of r the cache holds now, in the tree or below it, without touching LRU order (for the policy)."""
-        m = self.cache.match_prefix(r.tokens(0, r.match_limit), r.cache_salt, touch=False)
+        m = self.cache.match_prefix(r.tokens(0, r.match_limit), r.namespace, touch=False)
         below = self._tier_keys(r, len(m.pages))
         if below:
             return (len(m.pages) + self.tiers.hits(below)) * self.page_size
@@ -75,7 +75,7 @@ class KVMemory:
         if full <= start:
             return []
         kv = r.kv
-        kv.page_keys = page_keys(r.tokens(0, full * self.page_size), self.page_size, r.cache_salt, kv.page_keys)
+        kv.page_keys = page_keys(r.tokens(0, full * self.page_size), self.page_size, r.namespace.encoded, kv.page_keys)
         return kv.page_keys[start:full]
 
     def admit(self, r: Req, m: MatchResult, n: int, reserve: int) -> bool:
@@ -163,7 +163,7 @@ class KVMemory:
         if len(leaf.key) % self.page_size:
             return
         namespace, tokens = self.cache.sequence_of(leaf)
-        keys = page_keys(tokens, self.page_size, namespace)
+        keys = page_keys(tokens, self.page_size, namespace.encoded)
         self.tiers.offload(keys[len(keys) - len(leaf.pages) :], leaf.pages)
 
     def _extend_from_tiers(self, r: Req, m: MatchResult, max_pages: int) -> MatchResult:
@@ -181,7 +181,7 @@ class KVMemory:
         if n == 0:
             return m
         self.tiers.load(keys[:n], pages[:n])
-        res = self.cache.insert(r.tokens(0, (start + n) * ps), m.pages + pages[:n], r.cache_salt)
+        res = self.cache.insert(r.tokens(0, (start + n) * ps), m.pages + pages[:n], r.namespace)
         assert res.existing_pages == start, "the tree gained pages under a locked match"
         self.allocator.free(res.released_pages)
         self.cache.lock(res.node)
@@ -227,7 +227,7 @@ class KVMemory:
         for namespace, tokens, node in self.cache.sequences():  # parents first
             if len(node.key) % self.page_size:
                 continue  # a partial page has no key
-            keys = known[node.id] = page_keys(tokens, self.page_size, namespace, known.get(node.parent.id))
+            keys = known[node.id] = page_keys(tokens, self.page_size, namespace.encoded, known.get(node.parent.id))
             device += zip(keys[len(keys) - len(node.pages) :], node.pages)
         self.tiers.persist(device)
         return self.take_moves()
@@ -268,7 +268,7 @@ class KVMemory:
 
     def _insert(self, r: Req, n_tokens: int) -> None:
         kv, n_pages = r.kv, math.ceil(n_tokens / self.page_size)
-        res = self.cache.insert(r.tokens(0, n_tokens), kv.pages[:n_pages], r.cache_salt)
+        res = self.cache.insert(r.tokens(0, n_tokens), kv.pages[:n_pages], r.namespace)
         # Pages the cache already had stay ours (we still read them); the rest are now the cache's.
         if res.existing_pages > kv.tree_pages:
             kv.dup_pages += kv.pages[kv.tree_pages : res.existing_pages]

@@ -9,8 +9,13 @@ disk tier below it likewise. The flow, as in a CPU cache hierarchy:
                          load(): copy them into fresh device pages (host keeps its copy)
   swap_out / swap_in  -> a retracted request's pages to reserved host slots and back
   persist             -> at shutdown, everything not yet on disk is written there
+  drop_namespace      -> every page of one namespace leaves host memory and disk (its files go)
   disk_failed         -> the worker could not write or read some page files: they leave
                          the disk index (a miss, recomputed); a failing disk tier turns off
+
+Every key names its namespace (tier_index.page_keys), on disk too, so a namespace's
+pages are found without a tree. Page files a previous version named otherwise are
+removed at start (_adopt_disk): their keys can never equal this version's.
 
 Each decision appends a KVMove; the worker runs them in the same order before the
 next forward, so ordering hazards (a host slot spilled, then reused) resolve as
@@ -23,8 +28,9 @@ import contextlib
 import logging
 from pathlib import Path
 
-from radixrt.cache.tier_index import TierIndex
+from radixrt.cache.tier_index import TierIndex, is_page_key
 from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_key, disk_page_name
+from radixrt.namespace import CacheNamespace
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +59,16 @@ class KVTiers:
             self._adopt_disk(Path(disk_dir))
 
     def _adopt_disk(self, d: Path) -> None:
-        """Pages a previous run left on disk, oldest first; beyond capacity they are dropped."""
-        for f in _page_files(d):
-            key = disk_page_key(f.name)
+        """Pages a previous run left on disk, oldest first; beyond capacity they are dropped. Files
+        whose names are not this version's page keys (an older key format, from before keys named
+        their namespace) are removed on every rank: no request could ever hit them."""
+        keys = [disk_page_key(f.name) for f in _page_files(d)]
+        stale = [key for key in keys if not is_page_key(key)]
+        if stale:
+            logger.warning("removing %d page files of an older key format from the disk KV tier in %s; "
+                           "their tokens are recomputed", len(stale), d)
+            self._emit(MoveKind.DROP, keys=stale)
+        for key in filter(is_page_key, keys):
             slot = self.disk.take_free()
             if slot is None:
                 old, slot = self.disk.pop_lru()
@@ -192,6 +205,20 @@ class KVTiers:
     def swap_in(self, slots: list[int], device_pages: list[int]) -> None:
         self._emit(MoveKind.H2D, slots, device_pages)
         self.host.release(slots)
+
+    def drop_namespace(self, namespace: CacheNamespace) -> int:
+        """Forget every page of namespace in host memory and on disk (its files are removed on
+        every rank); returns how many. Slots reserved by swapped requests stay theirs."""
+        encoded = namespace.encoded
+        host = self.host.keys_of(encoded)
+        for key in host:
+            self.host.discard(key)
+        disk = self.disk.keys_of(encoded) if self.disk is not None else []
+        for key in disk:
+            self.disk.discard(key)
+        if disk:
+            self._emit(MoveKind.DROP, keys=disk)
+        return len(host) + len(disk)
 
     def clear_host(self) -> None:
         """Forget the pages cached in host memory (slots reserved by swapped requests stay theirs)."""

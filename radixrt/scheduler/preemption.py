@@ -11,7 +11,7 @@ from collections.abc import Callable
 from radixrt.scheduler.budget import AdmissionBudget
 from radixrt.scheduler.kv_memory import KVMemory
 from radixrt.scheduler.logprobs import forget_prompt_logprobs
-from radixrt.scheduler.req import Req, lengthened_namespace
+from radixrt.scheduler.req import Req, longrope_namespace
 
 logger = logging.getLogger(__name__)
 # why a running request gave its pages back (SchedulerStats.retractions_by_cause, /metrics' cause label):
@@ -65,7 +65,7 @@ class Preemption:
         self.requeue_to_recompute(r)
         self.by_cause["long_rope"] += 1
         r.long_rope = True
-        r.cache_salt = lengthened_namespace(r.cache_salt)
+        r.namespace = longrope_namespace(r.namespace, True)
 
     def _swaps(self, r: Req) -> bool:
         if r.kv.dropped:  # the worker's copy of its sinks' keys leaves with the slot: recompute it

@@ -8,26 +8,20 @@ from dataclasses import dataclass, field
 
 from radixrt.constrained.grammar import Matcher
 from radixrt.messages import FinishReason, TokenizedRequest, TopLogprobs
+from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace, RopeMode
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.kv_handle import KVHandle
 from radixrt.scheduler.retention import RetentionBudget
 from radixrt.scheduler.stop_state import StopState
 
 
-def longrope_namespace(salt: str | None, long_rope: bool) -> str | None:
+def longrope_namespace(namespace: CacheNamespace, long_rope: bool) -> CacheNamespace:
     """The prefix-cache namespace of a request to a longrope model. transformers computes a
     sequence under the short rope factors while it is at most the model's original context
     long and under the long ones past it, so the KV of the same tokens differs between the two
-    and they never share pages. Injective over (salt, long_rope): no user salt can name another
-    namespace (None stays None; every other pair gets a prefix, "S+", "L" or "L+")."""
-    if salt is None:
-        return "L" if long_rope else None
-    return ("L+" if long_rope else "S+") + salt
-
-
-def lengthened_namespace(short: str | None) -> str | None:
-    """The long-rope namespace of the same user salt as the short-rope namespace `short`."""
-    return longrope_namespace(None if short is None else short.removeprefix("S+"), True)
+    and they never share pages: the rope mode is a field of the namespace (a short request
+    without a salt stays in the default namespace)."""
+    return namespace.with_rope(RopeMode.LONG if long_rope else RopeMode.SHORT)
 
 
 @dataclass(eq=False)
@@ -38,7 +32,7 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
-    cache_salt: str | None = None  # prefix-cache namespace
+    namespace: CacheNamespace = DEFAULT_NAMESPACE  # its prefix cache (with the rope mode of a longrope model)
     long_rope: bool = False  # a longrope model's request past its original context: long rope factors
     retention: RetentionBudget | None = None  # its bounded-KV policy's pages (None: it keeps all its KV)
     output_ids: list[int] = field(default_factory=list)
@@ -59,7 +53,7 @@ class Req:
 
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:
-        return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.cache_salt)
+        return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.namespace)
 
     @property
     def prompt_len(self) -> int:

@@ -173,7 +173,7 @@ class Scheduler:
         self.figures.arrived(r.rid)
         if self.long_prompt_threshold:  # a longrope model: long prompts' KV is not short prompts'
             r.long_rope = r.prompt_len > self.long_prompt_threshold
-            r.cache_salt = longrope_namespace(r.cache_salt, r.long_rope)
+            r.namespace = longrope_namespace(r.namespace, r.long_rope)
         if r.sampling.constraint is not None:
             self.grammars.add(r)  # it joins the waiting queue once its matcher is ready
         else:
@@ -374,7 +374,7 @@ class Scheduler:
         if r.seq_len < end + 1:
             return False
         probe = r.tokens(0, end)
-        return any(a.cache_salt == r.cache_salt and a.seq_len > end and a.tokens(0, end) == probe for a in computing)
+        return any(a.namespace == r.namespace and a.seq_len > end and a.tokens(0, end) == probe for a in computing)
 
     def _make_room(self, cause: str) -> Req | None:
         """Nothing fits: a running request gives its pages back (preemption.py; cause: RETRACTION_CAUSES),

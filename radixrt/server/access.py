@@ -12,8 +12,8 @@ import hmac
 
 from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
-from radixrt.frontend.cache_report import Namespace
 from radixrt.frontend.generate_input import SALT_MAX_CHARS, cache_namespace
+from radixrt.namespace import CacheNamespace
 
 OPEN_PREFIXES = ("/health", "/metrics")  # probes and scrapers need no key (as in SGLang)
 ADMIN_PATHS = ("/abort_request", "/flush_cache", "/update_weights_from_disk")  # SGLang's ADMIN_OPTIONAL routes
@@ -43,7 +43,7 @@ def is_admin(authorization: str | None, args: ServerArgs) -> bool:
 
 
 def cache_report_scope(args: ServerArgs, authorization: str | None, cache_salt: str | None,
-                       extra_key: str | None) -> Namespace | None:
+                       extra_key: str | None) -> CacheNamespace | None:
     """Whose recent requests GET /cache_report covers: every namespace (None) for an admin who names
     none; else the namespace named by the query's cache_salt and extra_key, combined as /generate
     combines them (neither: the unsalted one). Knowing a salt is what lets a client use its cache,
@@ -53,4 +53,4 @@ def cache_report_scope(args: ServerArgs, authorization: str | None, cache_salt: 
             raise RequestError(f"{name} is longer than {SALT_MAX_CHARS} characters", name)
     if cache_salt is None and extra_key is None and is_admin(authorization, args):
         return None
-    return Namespace(cache_namespace(cache_salt, extra_key))
+    return cache_namespace(cache_salt, extra_key)
