@@ -101,6 +101,38 @@ def test_disk_pages_of_an_earlier_run_are_found_and_a_removed_file_is_recomputed
     assert t.hits(["a", "b", "c"]) == 3
 
 
+def test_all_pages_of_one_namespace_are_dropped_from_host_and_disk(tmp_path):
+    a, b = CacheNamespace(salt="ab", extra_key="c"), CacheNamespace(salt="a", extra_key="bc")  # "abc" both, joined
+    tokens = list(range(16))
+    ka, kb = page_keys(tokens, 4, a.encoded), page_keys(tokens, 4, b.encoded)
+    t = KVTiers(host_pages=4, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=8)
+    t.offload(ka, [0, 1, 2, 3])
+    t.offload(kb, [4, 5, 6, 7])  # a's pages spill to disk, b's take host memory
+    slots = t.swap_out([9])  # spills b's first page; a swapped request's slot is no namespace's
+    t.offload(ka[:1], [0])  # a's first page back in host memory (and still on disk); b's second spills
+    execute(t, tmp_path)
+    assert t.drop_namespace(a) == 1 + 4  # one page in host memory, four on disk
+    assert execute(t, tmp_path) == [(MoveKind.DROP, [], [], ka)]  # their files go
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted(disk_page_name(k) for k in kb[:2])
+    assert t.hits(ka) == 0 and t.hits(kb) == 4  # b's pages stay wherever they were
+    assert t.disk.keys() == kb[:2] and t.host.keys_of(b.encoded) == kb[2:] and t.host.keys_of(a.encoded) == []
+    assert t.drop_namespace(a) == 0 and t.take_moves() == []
+    t.swap_in(slots, [9])  # the reserved slot was not freed under the swapped request
+    assert t.stats()["host_swap_pages"] == 0
+
+
+def test_disk_page_files_of_an_older_key_format_are_removed_never_adopted(tmp_path, caplog):
+    (current,) = page_keys(list(range(4)), 4, DEFAULT_NAMESPACE.encoded)
+    old = "0123456789abcdef0123456789abcdef"  # an unnamespaced key, as earlier versions named files
+    for name in (disk_page_name(old), disk_page_name(old, rank=1), disk_page_name(current)):
+        (tmp_path / name).write_bytes(b"x")
+    with caplog.at_level("WARNING"):
+        t = KVTiers(host_pages=2, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=4)
+    assert t.disk.keys() == [current] and t.hits([old]) == 0
+    assert kinds(t.take_moves()) == [(MoveKind.DROP, [], [], [old])]  # on every rank (the worker names its files)
+    assert "1 page files of an older key format" in caplog.text
+
+
 def test_swap_reserves_host_slots_that_the_cache_cannot_take():
     t = KVTiers(host_pages=3, cache_on_host=True)
     t.offload(["a", "b"], [1, 2])
