@@ -8,12 +8,17 @@ the request through retraction, swap-out and re-admission, since the output so f
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from radixrt.constrained.grammar import GrammarCompiler, Matcher
+from radixrt.errors import RequestError
+from radixrt.messages import FinishReason
+from radixrt.scheduler.bad_input import bad_request, internal_error
 from radixrt.scheduler.req import Req
 
+logger = logging.getLogger(__name__)
 COMPILE_THREADS = 2
 
 
@@ -36,14 +41,30 @@ class GrammarWaitlist:
         kind, text = r.sampling.constraint
         self.pending.append((r, self._pool.submit(lambda: compiler.matcher(compiler.compile(kind, text)))))
 
+    @property
+    def requests(self) -> list[Req]:
+        """The requests whose grammar is still compiling."""
+        return [r for r, _ in self.pending]
+
     def remove(self, r: Req) -> None:
         """r leaves before its grammar is ready (aborted); the compile's result is dropped."""
         self.pending = [(q, f) for q, f in self.pending if q is not r]
 
-    def take_ready(self) -> list[tuple[Req, Matcher | BaseException]]:
-        """The requests whose compile ended, with their matcher or its error (a RequestError:
-        the grammar is refused; anything else: a bug)."""
+    def take_ready(self) -> tuple[list[Req], list[tuple[Req, FinishReason]]]:
+        """The requests whose compile ended: those with their matcher (set on them, they may
+        wait for admission), and those it ends, with why (a refused grammar: 400; a bug: 500)."""
         done = [(r, f) for r, f in self.pending if f.done()]
         if done:
             self.pending = [(r, f) for r, f in self.pending if not f.done()]
-        return [(r, f.exception() or f.result()) for r, f in done]
+        ready, ended = [], []
+        for r, f in done:
+            matcher = f.exception() or f.result()
+            if isinstance(matcher, RequestError):
+                ended.append((r, bad_request(matcher.message)))
+            elif isinstance(matcher, BaseException):
+                logger.error("compiling the grammar of %s failed: %r", r.rid, matcher)
+                ended.append((r, internal_error(f"compiling the grammar failed: {type(matcher).__name__}: {matcher}")))
+            else:
+                r.grammar = matcher
+                ready.append(r)
+        return ready, ended

@@ -40,6 +40,8 @@ from radixrt.utils.procs import Addresses, configure_child, startup_failed
 if TYPE_CHECKING:  # run_scheduler imports it inside its start-up error handling
     from radixrt.scheduler.scheduler import Scheduler
 
+GRAMMAR_POLL_MS = 5  # how often a scheduler with only compiling grammars looks for them
+
 
 def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[], WorkerReady], parent_pid: int) -> None:
     """The scheduler's loop. workers_ready blocks until the launcher passes on the ranks' WorkerReady:
@@ -71,7 +73,7 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
     ready.send(SchedulerReady(max_total_tokens=worker.num_pages * worker.page_size))
     while True:
         # Block only when there is nothing to run (a little while when grammars compile); else take what has arrived.
-        msg = receive(inbox, sched, timeout_ms=sched.poll_ms)
+        msg = receive(inbox, sched, timeout_ms=poll_ms(sched))
         while msg is not None:
             if isinstance(msg, Shutdown):
                 ranks.move(sched.mem.persist())  # the disk tier keeps what the cache holds, for the next run
@@ -84,14 +86,31 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
         outputs = step(sched, ranks)
         if outputs:
             outbox.send(TokenBatchOut(outputs))
-        if sched.spot_check_due:  # idle: one chunk of a quality spot check, then look for requests again
-            ranks.send(sched.next_spot_check())
-            sched.spot_checked(ranks.answer(SpotCheckResult, "a quality spot check"))
-        if sched.update_due:  # the old weights' last request is done
+        if spot_check_due(sched):  # idle: one chunk of a quality spot check, then look for requests again
+            run_spot_check(sched, ranks)
+        if update_due(sched):  # the old weights' last request is done
             outbox.send(update_weights(sched, ranks))
             outputs = sched.take_outputs()  # held requests the update released may be answered at once
             if outputs:
                 outbox.send(TokenBatchOut(outputs))
+
+
+def poll_ms(sched: Scheduler) -> int | None:
+    """How long the loop may block for new messages: forever when idle, not at all with work
+    to run (or a spot check to run in idle time), a little while only grammars are compiling."""
+    if sched.waiting or sched.running or spot_check_due(sched):
+        return 0
+    return GRAMMAR_POLL_MS if sched.grammars else None
+
+
+def spot_check_due(sched: Scheduler) -> bool:
+    """A quality spot check's next chunk may run: it has one, and no live request waits for the workers."""
+    return sched.spot.has_work and sched.idle and sched.weights.pending is None
+
+
+def update_due(sched: Scheduler) -> bool:
+    """A weight update waits and the old weights' requests are all done: the workers may load."""
+    return sched.weights.pending is not None and sched.idle
 
 
 @dataclass
@@ -132,13 +151,21 @@ class Ranks:
         return self.answer(BatchResult, f"step {batch.step}")
 
 
+def run_spot_check(sched: Scheduler, ranks: Ranks) -> None:
+    """Run one chunk of a due quality spot check (scheduler/spot_checks.py) on the ranks' reference pool."""
+    ranks.send(sched.spot.next_message())
+    res = ranks.answer(SpotCheckResult, "a quality spot check")
+    sched.spot.record(res)
+    sched.figures.note_memory(res.memory)
+
+
 def update_weights(sched: Scheduler, ranks: Ranks) -> SchedulerToFrontend:
     """Run a due weight update: the cached pages go to the disk tier of the old weights (a rollback
     finds them there), every rank loads, and the scheduler drops the old KV and lets the held
     requests in. Returns the reply for the frontend."""
-    assert sched.update is not None
+    assert sched.weights.pending is not None
     ranks.move(sched.mem.persist())
-    ranks.send(LoadWeights(sched.update.msg.model_path))
+    ranks.send(LoadWeights(sched.weights.pending.msg.model_path))
     return sched.finish_weight_update(ranks.answer(WeightsLoaded, "the weight update"))
 
 
