@@ -74,7 +74,7 @@ def test_unknown_backend_is_named():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decodes_sharing_prefix_pages_attend_in_cascade_exactly(page_size, dtype):
     """Requests whose page tables start with the same pages (a radix hit) read that prefix once."""
-    from radixrt.kernels.torch_backend import CASCADE_MIN_TOKENS
+    from radixrt.kernels.attention_plan import CASCADE_MIN_TOKENS
 
     torch.manual_seed(1)
     heads, kv_heads, D, layers, num_pages = 8, 2, 16, 2, 512 // page_size + 64
