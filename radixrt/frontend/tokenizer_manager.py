@@ -1,11 +1,12 @@
 """TokenizerManager: the front door to the scheduler.
 
-Validates and tokenizes requests (off the caller's thread when asked:
-`submit_all_async` tokenizes in a small thread pool so an HTTP event loop
-never stalls on a long prompt), sends them to the scheduler, and routes the
-scheduler's per-step outputs to each request's state from one receiving
-thread (which blocks on its socket; a one-second timeout lets it notice a dead
-backend). Callers wait on their own notification, sync or async.
+Has each call validated and tokenized (frontend/intake.py; off the caller's
+thread when asked: `submit_all_async` tokenizes in a small thread pool so an
+HTTP event loop never stalls on a long prompt), registers its requests and
+sends them to the scheduler, and routes the scheduler's per-step outputs to
+each request's state from one receiving thread (which blocks on its socket; a
+one-second timeout lets it notice a dead backend). Callers wait on their own
+notification, sync or async.
 
 Lifecycle guarantees: a call is validated whole before any of it is sent (a
 refused call leaves nothing running and no rid taken); if the receiving thread
@@ -26,17 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import msgspec
 import zmq
 
 from radixrt.config import ServerArgs
-from radixrt.constrained.grammar import GrammarCompiler
 from radixrt.errors import RequestError
 from radixrt.frontend.cache_report import CacheDiagnosis
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
 from radixrt.frontend.generate_input import GenerateInput, GenerateItem
+from radixrt.frontend.intake import Intake, PreparedReq, logprob_start
 from radixrt.frontend.req_state import ReqState
-from radixrt.frontend.text_bound import TextBound
 from radixrt.frontend.sampling_defaults import model_sampling_defaults
 from radixrt.frontend.weights import ServedWeights, UpdateWeightsResult
 from radixrt.ipc import Receiver, Sender
@@ -52,7 +51,6 @@ from radixrt.messages import (
     SchedulerToFrontend,
     Shutdown,
     TokenBatchOut,
-    TokenizedRequest,
     UpdateWeights,
     WeightsUpdateReply,
     WorkerReady,
@@ -61,7 +59,6 @@ from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.sampling_params import SamplingParams
 from radixrt.utils.checkpoint_meta import incompatibility
 from radixrt.utils.procs import Addresses
-from radixrt.utils.stop_strings import StopStrings, StopStringsCache
 
 logger = logging.getLogger(__name__)
 TOKENIZE_THREADS = 4
@@ -69,16 +66,6 @@ TOKENIZE_THREADS = 4
 
 class BackendDied(RuntimeError):
     """A scheduler or worker process exited while the frontend was running."""
-
-
-@dataclass(frozen=True)
-class PreparedReq:
-    """One validated, tokenized request, ready to send."""
-
-    ids: list[int]
-    item: GenerateItem
-    logprob_start: int
-    stops: StopStrings | None = None  # the automaton of its stop strings, built off the event loop
 
 
 @dataclass
@@ -113,18 +100,14 @@ class TokenizerManager:
         # generation_config.json's sampling values for chat requests that leave them unset (--sampling-defaults)
         self.sampling_defaults = model_sampling_defaults(Path(args.model_path), args.sampling_defaults)
         self.context_length = worker.context_length
-        self.vocab_size = worker.vocab_size
         # what the worker decided at load, for /get_server_info
         self.worker_info = {
             "matmul_dtype": worker.matmul_dtype, "matmul_dtype_reason": worker.matmul_dtype_reason,
             "weight_packing": worker.weight_packing, "weight_packing_reason": worker.weight_packing_reason,
         }
-        self._eos_ids = list(worker.eos_ids)
-        self._grammars: GrammarCompiler | None = None  # made on the first constrained request
-        self._grammar_lock = threading.Lock()
-        self.max_token_bytes = max(len(t.encode("utf-8", "replace")) for t in self.tokenizer.get_vocab()) or 1
-        self.text_bound = TextBound(self.context_length, self.max_token_bytes)  # prompt text that could fit
-        self._stop_strings = StopStringsCache()  # a call's n samples (and repeated lists) build theirs once
+        # checks and tokenizes every call before any of it is sent
+        self.intake = Intake(args, self.tokenizer, worker.context_length, worker.vocab_size, worker.eos_ids)
+        self.text_bound = self.intake.text_bound  # prompt text that could fit (the chat door holds messages to it)
         self._check_alive = check_alive  # -> None, or why the backend is gone
         self._observer = observer  # sees every output before it is applied (metrics)
         # why prompts miss the prefix cache: fed with every finished request (GET /cache_report)
@@ -145,94 +128,6 @@ class TokenizerManager:
 
     # -- input -----------------------------------------------------------------
 
-    def tokenize(self, prompt: str | None, input_ids: list[int] | None, bounded: bool = False) -> list[int]:
-        """Token ids of one prompt, checked against the vocabulary and the context
-        (truncated to fit with --allow-auto-truncate). Raises RequestError. bounded: the request
-        runs under a retention policy, which keeps its KV within a budget: no context applies."""
-        if (prompt is None) == (input_ids is None):
-            raise RequestError("give exactly one of prompt (text) or input_ids", "text")
-        room = self.context_length - 1 if not bounded else 1 << 62  # room for at least one generated token
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise RequestError(f"prompt must be a string, got {type(prompt).__name__}", "text")
-            # a text that cannot fit is refused (or cut) before the tokenizer spends seconds on it
-            prompt = self.text_bound.fit(prompt, bounded, self.args.allow_auto_truncate, "text")
-            _check_unicode(prompt, "text")
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
-        else:
-            bad = [i for i in input_ids if not 0 <= i < self.vocab_size]
-            if bad:
-                raise RequestError(f"input_ids contains {bad[0]}, outside the vocabulary of {self.vocab_size}", "input_ids")
-            ids = list(input_ids)
-        if not ids:
-            raise RequestError("prompt is empty", "text" if prompt is not None else "input_ids")
-        if len(ids) > room:
-            if not self.args.allow_auto_truncate:
-                raise RequestError(f"the prompt has {len(ids)} tokens; the context length is {self.context_length}",
-                                   "text" if prompt is not None else "input_ids")
-            del ids[room:]
-        return ids
-
-    def prepare(self, gen: GenerateInput) -> list[PreparedReq]:
-        """Tokenize and validate every item of a call (nothing is sent). Raises RequestError."""
-        memo: dict[int, list[int]] = {}  # the n samples of one prompt share its tokens
-        out = []
-        for item in gen.items:
-            key = id(item.prompt if item.prompt is not None else item.input_ids)
-            if key not in memo:
-                memo[key] = self.tokenize(item.prompt, item.input_ids, self._bounded(item))
-            ids = memo[key]
-            item = self._fit_to_context(item, len(ids))
-            self._check_item(item)
-            start = _logprob_start(len(ids), item.return_logprob, item.logprob_start_len, item.top_logprobs_num)
-            stops = self._stop_strings.get(item.sampling.stop) if item.sampling.stop else None
-            out.append(PreparedReq(ids, item, start, stops))
-        return out
-
-    def _fit_to_context(self, item: GenerateItem, prompt_len: int) -> GenerateItem:
-        """SGLang's rules: max_new_tokens null runs until a stop or the context limit; a number the
-        client gave must fit beside the prompt in the context, else a 400 (with --allow-auto-truncate:
-        cut to what fits). The default (128) is not checked: generation stops at the context anyway."""
-        sp, room = item.sampling, max(0, self.context_length - prompt_len)
-        if sp.max_new_tokens is None:  # under a retention policy too: null keeps SGLang's meaning
-            return _with_max_new_tokens(item, max(room, 1))
-        if self._bounded(item) or not item.max_tokens_given or prompt_len + sp.max_new_tokens < self.context_length:
-            return item
-        if not self.args.allow_auto_truncate:
-            raise RequestError(
-                f"the prompt ({prompt_len} tokens) plus max_new_tokens ({sp.max_new_tokens}) exceeds "
-                f"the context length of {self.context_length} tokens (--allow-auto-truncate cuts it instead)",
-                "max_new_tokens")
-        return _with_max_new_tokens(item, room)
-
-    def _bounded(self, item: GenerateItem) -> bool:
-        """Whether item runs under a bounded-KV retention policy (the server's, or its own)."""
-        return self.args.retention.with_override(item.sampling.kv_retention).active
-
-    def _check_item(self, item: GenerateItem) -> None:
-        bad = [t for t in item.sampling.stop_token_ids if t >= self.vocab_size]
-        if bad:
-            raise RequestError(f"stop_token_ids contains {bad[0]}, outside the vocabulary of {self.vocab_size}",
-                               "stop_token_ids")
-        if item.top_logprobs_num > self.vocab_size:
-            raise RequestError(f"top_logprobs_num must be <= the vocabulary size {self.vocab_size}, "
-                               f"got {item.top_logprobs_num}", "top_logprobs_num")
-        for s in item.sampling.stop:
-            _check_unicode(s, "stop")
-        if item.sampling.constraint is not None:
-            self._grammar_compiler().compile(*item.sampling.constraint)  # a bad grammar is a 400 here
-        ns = item.namespace
-        for value, name in ((item.rid, "rid"), (ns.salt, "cache_salt"), (ns.extra_key, "extra_key")):
-            if value is not None:
-                _check_unicode(value, name)
-
-    def _grammar_compiler(self) -> GrammarCompiler:
-        with self._grammar_lock:
-            if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self._eos_ids,
-                                                 not self.args.constrained_json_disable_any_whitespace)
-            return self._grammars
-
     def submit(self, ids: list[int], sampling: SamplingParams, notify: Callable[[], None], *, rid: str | None = None,
                return_logprob: bool = False, logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                return_text_in_logprobs: bool = False, namespace: CacheNamespace = DEFAULT_NAMESPACE) -> ReqState:
@@ -240,16 +135,16 @@ class TokenizerManager:
         item = GenerateItem(prompt=None, input_ids=ids, sampling=sampling, rid=rid, return_logprob=return_logprob,
                             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                             return_text_in_logprobs=return_text_in_logprobs, namespace=namespace)
-        start = _logprob_start(len(ids), return_logprob, logprob_start_len, top_logprobs_num)
+        start = logprob_start(len(ids), return_logprob, logprob_start_len, top_logprobs_num)
         return self.submit_prepared([PreparedReq(list(ids), item, start)], notify)[0]
 
     def submit_all(self, gen: GenerateInput, notify: Callable[[], None]) -> list[ReqState]:
         """Validate every item, then send them all (nothing is sent if one is bad)."""
-        return self.submit_prepared(self.prepare(gen), notify)
+        return self.submit_prepared(self.intake.prepare(gen), notify)
 
     async def submit_all_async(self, gen: GenerateInput, notify: Callable[[], None]) -> list[ReqState]:
         """submit_all with the tokenizing done in the thread pool, off the event loop."""
-        prepared = await asyncio.get_running_loop().run_in_executor(self._pool, self.prepare, gen)
+        prepared = await asyncio.get_running_loop().run_in_executor(self._pool, self.intake.prepare, gen)
         return self.submit_prepared(prepared, notify)
 
     async def run_off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -268,8 +163,7 @@ class TokenizerManager:
             states.append(ReqState(rid, p.ids, it.sampling, detok, notify, it.return_logprob, it.return_text_in_logprobs,
                                    log_metrics=it.log_metrics, weight_version=self.weights.version,
                                    cache_namespace=it.namespace))
-            msgs.append(TokenizedRequest(rid, p.ids, it.sampling, it.return_logprob, p.logprob_start,
-                                         it.top_logprobs_num, it.namespace))
+            msgs.append(p.message(rid))
         with self._lock:
             rids: set[str] = set()
             for s in states:
@@ -480,29 +374,3 @@ class TokenizerManager:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._ctx.destroy(linger=0)
 
-
-def _with_max_new_tokens(item: GenerateItem, n: int) -> GenerateItem:
-    sampling = msgspec.structs.replace(item.sampling, max_new_tokens=n, min_new_tokens=min(item.sampling.min_new_tokens, n))
-    return dataclasses.replace(item, sampling=sampling)
-
-
-def _check_unicode(text: str, field: str) -> None:
-    """Lone surrogates cannot be tokenized nor sent: refuse them, naming the field."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise RequestError(f"{field} is not valid Unicode: {e.reason} at position {e.start}", field) from None
-
-
-def _logprob_start(prompt_len: int, return_logprob: bool, start: int | None, top_n: int) -> int:
-    """Validate logprob options; without a start, one prompt logprob comes back (SGLang's default)."""
-    if top_n < 0:
-        raise RequestError(f"top_logprobs_num must be >= 0, got {top_n}", "top_logprobs_num")
-    if not return_logprob:
-        return -1
-    if start is None or start == -1:
-        return prompt_len - 1
-    if not 0 <= start < prompt_len:
-        raise RequestError(f"logprob_start_len must be in [0, {prompt_len}) for this prompt, got {start}",
-                           "logprob_start_len")
-    return start

@@ -1,0 +1,171 @@
+"""Intake: a call's items checked and tokenized into PreparedReqs, before anything is sent.
+
+Everything a request could be refused for at the door is found here, as a RequestError
+naming the field: a prompt that cannot fit the context (found from its length in
+characters before the tokenizer runs, then in tokens), ids outside the vocabulary,
+max_new_tokens beside the prompt, stop ids and top_logprobs_num against the vocabulary,
+text that is not valid Unicode, a grammar that does not compile, logprob options. A
+request under a bounded-KV retention policy has no context limit. The TokenizerManager
+registers and sends what comes out (all or nothing); it runs `prepare` in its thread pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from radixrt.config import ServerArgs
+from radixrt.constrained.grammar import GrammarCompiler
+from radixrt.errors import RequestError
+from radixrt.frontend.generate_input import GenerateInput, GenerateItem
+from radixrt.frontend.text_bound import TextBound
+from radixrt.messages import TokenizedRequest
+from radixrt.utils.stop_strings import StopStrings, StopStringsCache
+
+
+@dataclass(frozen=True)
+class PreparedReq:
+    """One validated, tokenized request, ready to send."""
+
+    ids: list[int]
+    item: GenerateItem
+    logprob_start: int
+    stops: StopStrings | None = None  # the automaton of its stop strings, built off the event loop
+
+    def message(self, rid: str) -> TokenizedRequest:
+        """What the scheduler gets for it, under rid."""
+        it = self.item
+        return TokenizedRequest(rid, self.ids, it.sampling, it.return_logprob, self.logprob_start,
+                                it.top_logprobs_num, it.namespace)
+
+
+class Intake:
+    def __init__(self, args: ServerArgs, tokenizer: Any, context_length: int, vocab_size: int,
+                 eos_ids: list[int]) -> None:
+        self.args, self.tokenizer = args, tokenizer
+        self.context_length, self.vocab_size = context_length, vocab_size
+        self._eos_ids = list(eos_ids)
+        self._grammars: GrammarCompiler | None = None  # made on the first constrained request
+        self._grammar_lock = threading.Lock()  # prepare runs in several threads
+        max_token_bytes = max(len(t.encode("utf-8", "replace")) for t in tokenizer.get_vocab()) or 1
+        self.text_bound = TextBound(context_length, max_token_bytes)  # prompt text that could fit
+        self._stop_strings = StopStringsCache()  # a call's n samples (and repeated lists) build theirs once
+
+    def tokenize(self, prompt: str | None, input_ids: list[int] | None, bounded: bool = False) -> list[int]:
+        """Token ids of one prompt, checked against the vocabulary and the context
+        (truncated to fit with --allow-auto-truncate). Raises RequestError. bounded: the request
+        runs under a retention policy, which keeps its KV within a budget: no context applies."""
+        if (prompt is None) == (input_ids is None):
+            raise RequestError("give exactly one of prompt (text) or input_ids", "text")
+        room = self.context_length - 1 if not bounded else 1 << 62  # room for at least one generated token
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise RequestError(f"prompt must be a string, got {type(prompt).__name__}", "text")
+            # a text that cannot fit is refused (or cut) before the tokenizer spends seconds on it
+            prompt = self.text_bound.fit(prompt, bounded, self.args.allow_auto_truncate, "text")
+            _check_unicode(prompt, "text")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            bad = [i for i in input_ids if not 0 <= i < self.vocab_size]
+            if bad:
+                raise RequestError(f"input_ids contains {bad[0]}, outside the vocabulary of {self.vocab_size}", "input_ids")
+            ids = list(input_ids)
+        if not ids:
+            raise RequestError("prompt is empty", "text" if prompt is not None else "input_ids")
+        if len(ids) > room:
+            if not self.args.allow_auto_truncate:
+                raise RequestError(f"the prompt has {len(ids)} tokens; the context length is {self.context_length}",
+                                   "text" if prompt is not None else "input_ids")
+            del ids[room:]
+        return ids
+
+    def prepare(self, gen: GenerateInput) -> list[PreparedReq]:
+        """Tokenize and validate every item of a call (nothing is sent). Raises RequestError."""
+        memo: dict[int, list[int]] = {}  # the n samples of one prompt share its tokens
+        out = []
+        for item in gen.items:
+            key = id(item.prompt if item.prompt is not None else item.input_ids)
+            if key not in memo:
+                memo[key] = self.tokenize(item.prompt, item.input_ids, self._bounded(item))
+            ids = memo[key]
+            item = self._fit_to_context(item, len(ids))
+            self._check_item(item)
+            start = logprob_start(len(ids), item.return_logprob, item.logprob_start_len, item.top_logprobs_num)
+            stops = self._stop_strings.get(item.sampling.stop) if item.sampling.stop else None
+            out.append(PreparedReq(ids, item, start, stops))
+        return out
+
+    def _fit_to_context(self, item: GenerateItem, prompt_len: int) -> GenerateItem:
+        """SGLang's rules: max_new_tokens null runs until a stop or the context limit; a number the
+        client gave must fit beside the prompt in the context, else a 400 (with --allow-auto-truncate:
+        cut to what fits). The default (128) is not checked: generation stops at the context anyway."""
+        sp, room = item.sampling, max(0, self.context_length - prompt_len)
+        if sp.max_new_tokens is None:  # under a retention policy too: null keeps SGLang's meaning
+            return _with_max_new_tokens(item, max(room, 1))
+        if self._bounded(item) or not item.max_tokens_given or prompt_len + sp.max_new_tokens < self.context_length:
+            return item
+        if not self.args.allow_auto_truncate:
+            raise RequestError(
+                f"the prompt ({prompt_len} tokens) plus max_new_tokens ({sp.max_new_tokens}) exceeds "
+                f"the context length of {self.context_length} tokens (--allow-auto-truncate cuts it instead)",
+                "max_new_tokens")
+        return _with_max_new_tokens(item, room)
+
+    def _bounded(self, item: GenerateItem) -> bool:
+        """Whether item runs under a bounded-KV retention policy (the server's, or its own)."""
+        return self.args.retention.with_override(item.sampling.kv_retention).active
+
+    def _check_item(self, item: GenerateItem) -> None:
+        bad = [t for t in item.sampling.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise RequestError(f"stop_token_ids contains {bad[0]}, outside the vocabulary of {self.vocab_size}",
+                               "stop_token_ids")
+        if item.top_logprobs_num > self.vocab_size:
+            raise RequestError(f"top_logprobs_num must be <= the vocabulary size {self.vocab_size}, "
+                               f"got {item.top_logprobs_num}", "top_logprobs_num")
+        for s in item.sampling.stop:
+            _check_unicode(s, "stop")
+        if item.sampling.constraint is not None:
+            self._grammar_compiler().compile(*item.sampling.constraint)  # a bad grammar is a 400 here
+        ns = item.namespace
+        for value, name in ((item.rid, "rid"), (ns.salt, "cache_salt"), (ns.extra_key, "extra_key")):
+            if value is not None:
+                _check_unicode(value, name)
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        with self._grammar_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self._eos_ids,
+                                                 not self.args.constrained_json_disable_any_whitespace)
+            return self._grammars
+
+
+def _with_max_new_tokens(item: GenerateItem, n: int) -> GenerateItem:
+    sampling = msgspec.structs.replace(item.sampling, max_new_tokens=n, min_new_tokens=min(item.sampling.min_new_tokens, n))
+    return dataclasses.replace(item, sampling=sampling)
+
+
+def _check_unicode(text: str, field: str) -> None:
+    """Lone surrogates cannot be tokenized nor sent: refuse them, naming the field."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"{field} is not valid Unicode: {e.reason} at position {e.start}", field) from None
+
+
+def logprob_start(prompt_len: int, return_logprob: bool, start: int | None, top_n: int) -> int:
+    """Validate logprob options; without a start, one prompt logprob comes back (SGLang's default)."""
+    if top_n < 0:
+        raise RequestError(f"top_logprobs_num must be >= 0, got {top_n}", "top_logprobs_num")
+    if not return_logprob:
+        return -1
+    if start is None or start == -1:
+        return prompt_len - 1
+    if not 0 <= start < prompt_len:
+        raise RequestError(f"logprob_start_len must be in [0, {prompt_len}) for this prompt, got {start}",
+                           "logprob_start_len")
+    return start
