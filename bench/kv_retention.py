@@ -117,10 +117,10 @@ def retention(policy: str, budget: int) -> dict[str, Any]:
 
 def max_pages(spec: dict[str, Any]) -> int:
     """The scheduler's bound on the request's page table under spec."""
-    from radixrt.retention import Retention
-    from radixrt.scheduler.retention import RetentionBudget
+    from radixrt.retention.policies import budget_for
+    from radixrt.retention.settings import Retention, RetentionIn
 
-    return RetentionBudget.of(Retention(**spec), PAGE).max_pages
+    return budget_for(Retention().with_override(RetentionIn(**spec)), PAGE).max_pages
 
 
 # -- the workloads -------------------------------------------------------------------------

@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixrt.retention import POLICIES, SERVER_NAMES, Retention
+from radixrt.retention.policies import wants_mass
+from radixrt.retention.settings import Retention, server_settings
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
@@ -305,12 +306,8 @@ class ServerArgs:
             raise ValueError(f"quality_spot_check_queue must be >= 1, got {self.quality_spot_check_queue}")
 
     def _check_retention(self) -> None:
-        if self.kv_retention not in POLICIES:
-            raise ValueError(f"kv_retention must be one of {', '.join(POLICIES)}, got {self.kv_retention!r}")
-        why = self.retention.problem(SERVER_NAMES)
-        if why is not None:
-            raise ValueError(why)
-        if self.kv_retention == "heavy_hitter" and self.attention_backend == "flashinfer":
+        settings = self.retention  # ValueError naming the flag
+        if wants_mass(settings.policy) and self.attention_backend == "flashinfer":
             raise ValueError("kv_retention heavy_hitter needs per-page attention mass, which the flashinfer backend "
                              "does not report: use attention_backend torch, or kv_retention sink_window")
 
@@ -329,7 +326,7 @@ class ServerArgs:
     @property
     def retention(self) -> Retention:
         """The server's retention settings (requests may override them)."""
-        return Retention(self.kv_retention, self.kv_sink_tokens, self.kv_window_tokens, self.kv_heavy_ratio)
+        return server_settings(self.kv_retention, self.kv_sink_tokens, self.kv_window_tokens, self.kv_heavy_ratio)
 
     @property
     def prefill_chunk(self) -> int:

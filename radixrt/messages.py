@@ -15,6 +15,7 @@ from typing import Any, Union
 import msgspec
 
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
+from radixrt.retention.settings import Retention
 from radixrt.sampling_params import SamplingParams
 from radixrt.stats import SchedulerStats
 
@@ -29,6 +30,8 @@ class TokenizedRequest(msgspec.Struct, tag=True):
     logprob_start_len: int = -1  # first prompt position with a logprob; -1: none
     top_logprobs_num: int = 0
     namespace: CacheNamespace = DEFAULT_NAMESPACE  # its prefix cache: different namespaces never share pages
+    # the bounded-KV settings it runs under, resolved at the door (radixrt/retention/rules.py); None: keeps all its KV
+    retention: Retention | None = None
 
 
 class AbortRequest(msgspec.Struct, tag=True):

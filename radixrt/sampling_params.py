@@ -23,7 +23,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from radixrt.errors import RequestError, from_validation
-from radixrt.retention import RetentionIn, parse_override
+from radixrt.retention.settings import RetentionIn, parse_override
 
 # Below this temperature sampling is greedy (as SGLang does).
 GREEDY_TEMPERATURE = 1e-5
@@ -78,7 +78,7 @@ class SamplingParamsIn(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
     stop_regex: Union[str, list[str], None] = None
     custom_params: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
-    # radixrt's own: a bounded-KV retention policy for this request (radixrt/retention.py)
+    # radixrt's own: a bounded-KV retention policy for this request (radixrt/retention/settings.py)
     kv_retention: Union[str, RetentionIn, None] = None
 
 
@@ -105,7 +105,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     regex: str | None = None
     json_schema: str | None = None  # a JSON Schema, as a JSON string (SGLang's form)
     ebnf: str | None = None
-    kv_retention: RetentionIn | None = None  # None: the server's retention settings
+    # the request's retention override as sent, checked field by field; None: the server's settings.
+    # The door resolves it (radixrt/retention/rules.py) into TokenizedRequest.retention, which the scheduler reads.
+    kv_retention: RetentionIn | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | SamplingParamsIn | None) -> SamplingParams:

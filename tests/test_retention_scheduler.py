@@ -7,23 +7,38 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from support.fake_worker import FakeWorker, reference_generate
-from radixrt.config import ServerArgs
-from radixrt.messages import TokenizedRequest
-from radixrt.retention import Retention
-from radixrt.sampling_params import SamplingParams
-from radixrt.scheduler.retention import RetentionBudget
-from radixrt.scheduler.scheduler import Scheduler
 from support.scheduling import CharTokenizer, assert_idle_pool, make, run, tree_pages
 
+from radixrt.config import ServerArgs
+from radixrt.errors import RequestError
+from radixrt.messages import TokenizedRequest
+from radixrt.retention.policies import budget_for
+from radixrt.retention.rules import RetentionRules
+from radixrt.retention.settings import (
+    Retention,
+    RetentionIn,
+    RetentionPolicy,
+    parse_override,
+)
+from radixrt.sampling_params import SamplingParams
+from radixrt.scheduler.scheduler import Scheduler
+
 SINK_WINDOW = {"policy": "sink_window", "sink_tokens": 4, "window_tokens": 32}
+# the door of a worker that runs every policy at any budget: what the tokenizer manager resolves a request's override
+# into, under the server's default settings
+OPEN_DOOR = RetentionRules(ServerArgs(model_path="unused").retention, page_size=1, context_length=1 << 40, refusals={},
+                           longrope=False)
 
 
 def req(rid: str, prompt: list[int], max_new: int, retention: dict | str | None = None) -> TokenizedRequest:
     sp = SamplingParams.from_dict({"max_new_tokens": max_new, "ignore_eos": True, "temperature": 0,
                                    **({"kv_retention": retention} if retention is not None else {})})
-    return TokenizedRequest(rid, prompt, sp)
+    return TokenizedRequest(rid, prompt, sp, retention=OPEN_DOOR.resolve(sp.kv_retention))
+
+
+def budget(page_size: int, policy: str, sink_tokens: int = 4, window_tokens: int = 1024, heavy_ratio: float = 0.2):
+    return budget_for(Retention(RetentionPolicy(policy), sink_tokens, window_tokens, heavy_ratio), page_size)
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:
@@ -34,22 +49,22 @@ def prompt(n: int, seed: int = 0) -> list[int]:
 
 
 def test_budgets_round_sinks_up_to_pages_and_size_heavy_hitters_from_the_window():
-    sw = RetentionBudget.of(Retention("sink_window", 4, 256, 0.2), 16)
+    sw = budget(16, "sink_window", 4, 256, 0.2)
     assert (sw.sink_pages, sw.window_pages, sw.heavy_pages, sw.max_pages) == (1, 16, 0, 18)
-    hh = RetentionBudget.of(Retention("heavy_hitter", 4, 256, 0.2), 16)
+    hh = budget(16, "heavy_hitter", 4, 256, 0.2)
     assert (hh.sink_pages, hh.window_pages, hh.heavy_pages, hh.max_pages) == (0, 16, 4, 21)
     assert sw.chunk_tokens == 4 * 16 and hh.chunk_tokens == 5 * 16
 
 
 def test_sink_window_drops_the_oldest_pages_after_the_sinks():
-    b = RetentionBudget.of(Retention("sink_window", 8, 32, 0.2), 4)  # 2 sink pages, 8 window pages, max 11
+    b = budget(4, "sink_window", 8, 32, 0.2)  # 2 sink pages, 8 window pages, max 11
     assert b.drops(40, 4, []) == []  # 11 pages after the step: within the budget
     assert b.drops(44, 1, []) == [2]
     assert b.drops(44, 8, []) == [2, 3]
 
 
 def test_heavy_hitter_drops_the_least_attended_pages_outside_the_recent_window():
-    b = RetentionBudget.of(Retention("heavy_hitter", 0, 16, 0.5), 4)  # 4 recent pages, 2 heavy, max 7
+    b = budget(4, "heavy_hitter", 0, 16, 0.5)  # 4 recent pages, 2 heavy, max 7
     mass = [9.0, 1.0, 5.0, 0.5, 7.0, 0.0, 0.0]  # pages 3..6 are the recent window
     assert b.drops(28, 1, mass) == [1]
     assert b.drops(28, 5, mass) == [1, 2]
@@ -61,7 +76,7 @@ def test_heavy_hitter_drops_the_least_attended_pages_outside_the_recent_window()
 @given(policy=st.sampled_from(["sink_window", "heavy_hitter"]), page_size=st.sampled_from([1, 4, 16]),
        sink=st.integers(0, 40), window=st.integers(1, 120), steps=st.lists(st.integers(1, 400), min_size=1, max_size=60))
 def test_any_schedule_of_chunks_stays_within_the_budget_and_keeps_the_sinks(policy, page_size, sink, window, steps):
-    b = RetentionBudget.of(Retention(policy, sink, window, 0.3), page_size)
+    b = budget(page_size, policy, sink, window, 0.3)
     kv_len, pages, mass = 0, [], []  # pages: the first token position of each kept page
     for n in steps:
         n = min(n, b.chunk_tokens)
@@ -97,7 +112,7 @@ def test_sink_window_generates_past_the_context_from_a_small_pool_with_sinks_and
     outs, finish = run(s, w, [req("a", p, 300, SINK_WINDOW)])
     assert outs["a"] == reference_generate(p, 300)  # the fake model reads the last 8 tokens: always kept
     assert finish["a"].type == "length" and len(p) + 300 > 96
-    b = RetentionBudget.of(Retention(**SINK_WINDOW), page_size)
+    b = budget(page_size, **SINK_WINDOW)
     assert s.stats().kv_retention_peak_pages <= b.max_pages
     seq = p + outs["a"]
     for length, view in w.views:  # the sinks, then a contiguous recent stretch of the sequence
@@ -139,7 +154,7 @@ def test_a_bounded_request_reuses_ordinary_prompt_pages_up_to_its_budget():
     run(s, w, [req("full", p, 2)])
     before = s.counters["cached_prompt_tokens"]
     outs, _ = run(s, w, [req("bounded", p, 30, SINK_WINDOW)])
-    b = RetentionBudget.of(Retention(**SINK_WINDOW), 4)
+    b = budget(4, **SINK_WINDOW)
     assert s.counters["cached_prompt_tokens"] - before == b.max_tokens - 4  # the match stops a page short of the budget
     assert len(outs["bounded"]) == 30
     assert_idle_pool(s)
@@ -151,7 +166,7 @@ def test_heavy_hitter_keeps_the_recent_window_and_drops_the_least_attended_pages
     retention = {"policy": "heavy_hitter", "window_tokens": 16, "heavy_ratio": 0.5}
     outs, _ = run(s, w, [req("a", p, 120, retention)])
     assert outs["a"] == reference_generate(p, 120)  # the recent window always holds the last 8 tokens
-    b = RetentionBudget.of(Retention("heavy_hitter", 4, 16, 0.5), 4)
+    b = budget(4, "heavy_hitter", 4, 16, 0.5)
     assert s.stats().kv_retention_peak_pages <= b.max_pages
     assert s.stats().kv_retention_requests["heavy_hitter"] == 1
     assert_idle_pool(s)
@@ -168,12 +183,20 @@ def test_bounded_requests_under_pressure_are_retracted_and_still_complete():
     assert_idle_pool(s)
 
 
+def refusal(door: RetentionRules, retention: dict | str) -> RequestError:
+    """What the door (TokenizerManager.prepare) raises for a request with this kv_retention."""
+    with pytest.raises(RequestError) as e:
+        door.resolve(parse_override(retention))
+    return e.value
+
+
 def test_bad_retention_values_are_refused_naming_the_field():
-    s, _ = make_bounded(64, 4, context_length=64)
+    _, w = make_bounded(64, 4, context_length=64)
+    door = RetentionRules.for_worker(ServerArgs(model_path="unused", page_size=4).retention, w.ready)
     for retention, field in ((SINK_WINDOW | {"window_tokens": 100}, "sampling_params.kv_retention.window_tokens"),):
-        s.add_request(req("bad", prompt(5), 4, retention))
-        (out,) = s.take_outputs()
-        assert out.finish.status_code == 400 and field in out.finish.message
+        e = refusal(door, retention)
+        assert e.status == 400 and field in e.message
+    assert door.resolve(parse_override(SINK_WINDOW)) == Retention().with_override(RetentionIn(**SINK_WINDOW))
     with pytest.raises(ValueError, match="kv_window_tokens"):
         make_bounded(64, 4, context_length=64, kv_retention="sink_window", kv_window_tokens=200)
 
@@ -181,9 +204,8 @@ def test_bad_retention_values_are_refused_naming_the_field():
 def test_heavy_hitter_is_refused_where_the_worker_cannot_report_attention_mass():
     worker = FakeWorker(64, 4)
     worker.ready.retention_refusals = {"heavy_hitter": "no mass here"}
-    s = Scheduler(ServerArgs(model_path="unused", page_size=4), worker.ready, CharTokenizer())
-    s.add_request(req("hh", prompt(5), 4, "heavy_hitter"))
-    (out,) = s.take_outputs()
-    assert out.finish.status_code == 400 and "sampling_params.kv_retention.policy heavy_hitter: no mass here" in out.finish.message
+    door = RetentionRules.for_worker(ServerArgs(model_path="unused", page_size=4).retention, worker.ready)
+    e = refusal(door, "heavy_hitter")
+    assert e.status == 400 and "sampling_params.kv_retention.policy heavy_hitter: no mass here" in e.message
     with pytest.raises(ValueError, match="kv_retention heavy_hitter: no mass here"):
         Scheduler(ServerArgs(model_path="unused", page_size=4, kv_retention="heavy_hitter"), worker.ready, CharTokenizer())

@@ -393,6 +393,7 @@ def test_only_kv_memory_writes_a_requests_kv_handle():
     assert writes(ast.parse("r.kv.pages = []\nkv.kv_len += 1\nr.kv.pages.append(3)\nr.kv.reset()")) == [1, 2, 3, 4]
     assert writes(ast.parse("n = r.kv.kv_len\nx = len(r.kv.pages)")) == []
     root = Path(__file__).resolve().parents[1] / "radixrt"
-    owners = {root / "scheduler" / f for f in ("kv_memory.py", "kv_handle.py", "retained_kv.py")}  # retained_kv: KVMemory's retention part
+    owners = {root / "scheduler" / f for f in ("kv_memory.py", "kv_handle.py")}
+    owners.add(root / "retention" / "drop_plan.py")  # KVMemory's retention part
     found = {str(p.relative_to(root)): writes(ast.parse(p.read_text())) for p in root.rglob("*.py") if p not in owners}
     assert not {k: v for k, v in found.items() if v}, found

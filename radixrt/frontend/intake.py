@@ -24,6 +24,8 @@ from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateInput, GenerateItem
 from radixrt.frontend.text_bound import TextBound
 from radixrt.messages import TokenizedRequest
+from radixrt.retention.rules import RetentionRules
+from radixrt.retention.settings import Retention
 from radixrt.utils.stop_strings import StopStrings, StopStringsCache
 
 
@@ -35,18 +37,20 @@ class PreparedReq:
     item: GenerateItem
     logprob_start: int
     stops: StopStrings | None = None  # the automaton of its stop strings, built off the event loop
+    retention: Retention | None = None  # its bounded-KV settings, resolved (None: it keeps all its KV)
 
     def message(self, rid: str) -> TokenizedRequest:
         """What the scheduler gets for it, under rid."""
         it = self.item
         return TokenizedRequest(rid, self.ids, it.sampling, it.return_logprob, self.logprob_start,
-                                it.top_logprobs_num, it.namespace)
+                                it.top_logprobs_num, it.namespace, retention=self.retention)
 
 
 class Intake:
     def __init__(self, args: ServerArgs, tokenizer: Any, context_length: int, vocab_size: int,
-                 eos_ids: list[int]) -> None:
-        self.args, self.tokenizer = args, tokenizer
+                 eos_ids: list[int], retention: RetentionRules) -> None:
+        """retention: resolves each request's kv_retention against the server's settings, once, here."""
+        self.args, self.tokenizer, self.retention = args, tokenizer, retention
         self.context_length, self.vocab_size = context_length, vocab_size
         self._eos_ids = list(eos_ids)
         self._grammars: GrammarCompiler | None = None  # made on the first constrained request
@@ -88,25 +92,27 @@ class Intake:
         memo: dict[int, list[int]] = {}  # the n samples of one prompt share its tokens
         out = []
         for item in gen.items:
+            retention = self.retention.resolve(item.sampling.kv_retention)
             key = id(item.prompt if item.prompt is not None else item.input_ids)
             if key not in memo:
-                memo[key] = self.tokenize(item.prompt, item.input_ids, self._bounded(item))
+                memo[key] = self.tokenize(item.prompt, item.input_ids, retention is not None)
             ids = memo[key]
-            item = self._fit_to_context(item, len(ids))
+            item = self._fit_to_context(item, len(ids), retention is not None)
             self._check_item(item)
             start = logprob_start(len(ids), item.return_logprob, item.logprob_start_len, item.top_logprobs_num)
             stops = self._stop_strings.get(item.sampling.stop) if item.sampling.stop else None
-            out.append(PreparedReq(ids, item, start, stops))
+            out.append(PreparedReq(ids, item, start, stops, retention))
         return out
 
-    def _fit_to_context(self, item: GenerateItem, prompt_len: int) -> GenerateItem:
+    def _fit_to_context(self, item: GenerateItem, prompt_len: int, bounded: bool) -> GenerateItem:
         """SGLang's rules: max_new_tokens null runs until a stop or the context limit; a number the
         client gave must fit beside the prompt in the context, else a 400 (with --allow-auto-truncate:
-        cut to what fits). The default (128) is not checked: generation stops at the context anyway."""
+        cut to what fits). The default (128) is not checked: generation stops at the context anyway.
+        bounded: the request runs under a retention policy, which no context limits."""
         sp, room = item.sampling, max(0, self.context_length - prompt_len)
         if sp.max_new_tokens is None:  # under a retention policy too: null keeps SGLang's meaning
             return _with_max_new_tokens(item, max(room, 1))
-        if self._bounded(item) or not item.max_tokens_given or prompt_len + sp.max_new_tokens < self.context_length:
+        if bounded or not item.max_tokens_given or prompt_len + sp.max_new_tokens < self.context_length:
             return item
         if not self.args.allow_auto_truncate:
             raise RequestError(
@@ -114,10 +120,6 @@ class Intake:
                 f"the context length of {self.context_length} tokens (--allow-auto-truncate cuts it instead)",
                 "max_new_tokens")
         return _with_max_new_tokens(item, room)
-
-    def _bounded(self, item: GenerateItem) -> bool:
-        """Whether item runs under a bounded-KV retention policy (the server's, or its own)."""
-        return self.args.retention.with_override(item.sampling.kv_retention).active
 
     def _check_item(self, item: GenerateItem) -> None:
         bad = [t for t in item.sampling.stop_token_ids if t >= self.vocab_size]

@@ -56,6 +56,7 @@ from radixrt.messages import (
     WorkerReady,
 )
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
+from radixrt.retention.rules import RetentionRules
 from radixrt.sampling_params import SamplingParams
 from radixrt.utils.checkpoint_meta import incompatibility
 from radixrt.utils.procs import Addresses
@@ -106,7 +107,8 @@ class TokenizerManager:
             "weight_packing": worker.weight_packing, "weight_packing_reason": worker.weight_packing_reason,
         }
         # checks and tokenizes every call before any of it is sent
-        self.intake = Intake(args, self.tokenizer, worker.context_length, worker.vocab_size, worker.eos_ids)
+        self.intake = Intake(args, self.tokenizer, worker.context_length, worker.vocab_size, worker.eos_ids,
+                             RetentionRules.for_worker(args.retention, worker))
         self.text_bound = self.intake.text_bound  # prompt text that could fit (the chat door holds messages to it)
         self._check_alive = check_alive  # -> None, or why the backend is gone
         self._observer = observer  # sees every output before it is applied (metrics)
@@ -131,12 +133,14 @@ class TokenizerManager:
     def submit(self, ids: list[int], sampling: SamplingParams, notify: Callable[[], None], *, rid: str | None = None,
                return_logprob: bool = False, logprob_start_len: int | None = None, top_logprobs_num: int = 0,
                return_text_in_logprobs: bool = False, namespace: CacheNamespace = DEFAULT_NAMESPACE) -> ReqState:
-        """Send one already tokenized request as is (no door checks beyond the logprob options)."""
+        """Send one already tokenized request as is (no door checks beyond the logprob options and
+        its retention settings)."""
         item = GenerateItem(prompt=None, input_ids=ids, sampling=sampling, rid=rid, return_logprob=return_logprob,
                             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                             return_text_in_logprobs=return_text_in_logprobs, namespace=namespace)
         start = logprob_start(len(ids), return_logprob, logprob_start_len, top_logprobs_num)
-        return self.submit_prepared([PreparedReq(list(ids), item, start)], notify)[0]
+        retention = self.intake.retention.resolve(sampling.kv_retention)
+        return self.submit_prepared([PreparedReq(list(ids), item, start, retention=retention)], notify)[0]
 
     def submit_all(self, gen: GenerateInput, notify: Callable[[], None]) -> list[ReqState]:
         """Validate every item, then send them all (nothing is sent if one is bad)."""

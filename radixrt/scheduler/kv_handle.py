@@ -1,4 +1,5 @@
-"""KVHandle: one request's KV pages and their state, written only by KVMemory (and retained_kv.py, its retention part).
+"""KVHandle: one request's KV pages and their state, written only by KVMemory (and radixrt/retention/drop_plan.py,
+its retention part).
 
 Everyone else reads it: the scheduler asks how much KV a request has (kv_len),
 whether it is swapped out, and the tests which pages it owns.

@@ -27,7 +27,7 @@ import math
 from radixrt.cache import MatchResult, NoPrefixCache, Node, PageAllocator, PrefixCache, RadixCache
 from radixrt.cache.tier_index import page_keys
 from radixrt.messages import KVMove, Retain
-from radixrt.scheduler import retained_kv
+from radixrt.retention import drop_plan
 from radixrt.scheduler.kv_tiers import KVTiers, no_tier_stats
 from radixrt.scheduler.req import Req
 
@@ -104,7 +104,7 @@ class KVMemory:
 
     def pages_needed(self, r: Req, n: int) -> int:
         """Pages r's next n tokens take from the pool (net of what its retention policy drops first)."""
-        p = retained_kv.plan(r, n)
+        p = drop_plan.plan(r.kv, r.retention, n)
         if p is not None:
             return p.pages_needed(r.kv.kv_len, n, self.page_size)
         return math.ceil((r.kv.kv_len + n) / self.page_size) - len(r.kv.pages)
@@ -130,7 +130,7 @@ class KVMemory:
 
     def retain(self, r: Req, n: int) -> Retain | None:
         """Before r runs n more tokens: drop what its retention policy lets go (None: nothing)."""
-        p = retained_kv.plan(r, n)
+        p = drop_plan.plan(r.kv, r.retention, n)
         if p is None:
             return None
         kv, ps = r.kv, self.page_size
@@ -144,7 +144,11 @@ class KVMemory:
             if kv.lock_node is not None:
                 self.cache.unlock(kv.lock_node)
             kv.tree_pages, kv.dup_pages, kv.lock_node = 0, [], None
-        return retained_kv.rewrite(r, p, ps)
+        return drop_plan.rewrite(kv, r.retention, p, ps)
+
+    def add_mass(self, r: Req, mass: list[float]) -> None:
+        """The worker's per-page attention mass of r's last step (aligned with its page table), for its policy's drops."""
+        drop_plan.add_mass(r.kv, mass)
 
     def grow(self, r: Req, n: int) -> list[int]:
         """Pages for r's next n tokens; returns the page-table delta the worker has not seen."""

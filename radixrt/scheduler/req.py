@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from radixrt.constrained.grammar import Matcher
 from radixrt.messages import FinishReason, TokenizedRequest, TopLogprobs
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace, RopeMode
+from radixrt.retention.policies import RetentionBudget
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.kv_handle import KVHandle
-from radixrt.scheduler.retention import RetentionBudget
 from radixrt.scheduler.stop_state import StopState
 
 

@@ -39,6 +39,8 @@ from radixrt.messages import (
 )
 from radixrt.scheduler.admission import Admitter, Outcome
 from radixrt.scheduler.bad_input import bad_request, internal_error, rejection, rid_of
+from radixrt.retention.counters import RetentionCounters
+from radixrt.retention.rules import RetentionRules
 from radixrt.scheduler.budget import AdmissionBudget
 from radixrt.scheduler.figures import SchedulerFigures
 from radixrt.scheduler.grammars import GrammarWaitlist
@@ -50,8 +52,6 @@ from radixrt.scheduler.outputs import StepOutputs
 from radixrt.scheduler.policy import SCHEDULE_POLICIES
 from radixrt.scheduler.preemption import Preemption
 from radixrt.scheduler.req import Req
-from radixrt.scheduler.retained_kv import add_mass
-from radixrt.scheduler.retention_rules import RetentionRules
 from radixrt.scheduler.spot_checks import SpotChecks
 from radixrt.scheduler.stop import StopChecker
 from radixrt.scheduler.weight_update import ABORTED_FOR_UPDATE, WeightUpdates
@@ -82,7 +82,8 @@ class Scheduler:
         self.weights = WeightUpdates(self.mem)
         self.long_prompt_threshold = worker.long_prompt_threshold
         self.stop = StopChecker(tokenizer, worker.eos_ids, worker.context_length)
-        self.retention = RetentionRules(args.retention, worker)
+        RetentionRules.for_worker(args.retention, worker)  # ValueError: this worker cannot run the server's settings
+        self.retention = RetentionCounters()
         self.policy = SCHEDULE_POLICIES[args.schedule_policy]
         self.budget = AdmissionBudget(worker.page_size)
         self.waiting: list[Req] = []
@@ -103,7 +104,7 @@ class Scheduler:
         self.spot = SpotChecks(args.quality_spot_check_rate, args.quality_spot_check_min_agreement,
                                args.quality_spot_check_queue, args.random_seed,
                                worker.long_prompt_threshold or worker.context_length)
-        self.intake = Intake(self.retention, worker.vocab_size, worker.context_length, worker.long_prompt_threshold,
+        self.intake = Intake(worker.page_size, worker.vocab_size, worker.context_length, worker.long_prompt_threshold,
                              self.spot, self.figures)
         self.outputs = StepOutputs(self.stop, self.spot, not args.disable_jump_forward)
         self.tier_move_seconds = 0.0
@@ -302,7 +303,7 @@ class Scheduler:
             self.mem.advance(r, n)
             r.slot_initialized = True
             if batch.page_mass and batch.page_mass[i]:
-                add_mass(r, batch.page_mass[i])
+                self.mem.add_mass(r, batch.page_mass[i])
             next_id = next(ids) if r.kv_len == r.seq_len and r.sampling.max_new_tokens > 0 else None
             try:
                 out = self.outputs.after_step(r, batch.logprobs[i] if batch.logprobs else None, next_id)

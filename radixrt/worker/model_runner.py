@@ -43,7 +43,7 @@ from radixrt.worker.kv_pool import PAGE_TABLE_DTYPE, page_table_shape, plan_num_
 from radixrt.worker.kv_tiers import KVTierStore, plan_host_pages, prepare_disk_dir, weights_fingerprint
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
 from radixrt.worker.memory_figures import MemoryFigures
-from radixrt.worker.retention_slots import RetentionSlots, gather_mass, refusals
+from radixrt.worker.retention_tensors import RetentionSlots, gather_mass, refusals
 from radixrt.worker.sampler import Sampler, mask_disallowed
 from radixrt.worker.spot_check import SpotChecker
 
@@ -117,9 +117,7 @@ class ModelRunner:
             page_table_shape(slots, self.context_length, args.page_size), dtype=PAGE_TABLE_DTYPE, device=device
         )
         self.pages_used = [0] * slots
-        self.retention_refusals = refusals(self.model, self.attn)
-        if args.kv_retention in self.retention_refusals:
-            raise ValueError(f"kv_retention {args.kv_retention}: {self.retention_refusals[args.kv_retention]}")
+        self.retention_refusals = refusals(self.model, self.attn, args.kv_retention)
         self.retention = RetentionSlots(self.cache, self.model, self.page_table)
         # longrope: a request runs under the short or the long rope factors, as the scheduler says
         self.long_rope = self.model.rope if self.model.rope.long_from is not None else None
