@@ -30,7 +30,7 @@ from radixrt.models.cpu_matmul import (
 from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup
 from radixrt.kernels.native_build import find_compiler
 from radixrt.launch.worker_env import GLIBC_KEEP, worker_env
-from radixrt.worker import model_runner
+from radixrt.worker import runner_setup
 
 PROMPT = list(range(20, 84))  # 64 tokens
 
@@ -206,8 +206,8 @@ def test_worker_env_prefers_tcmalloc_else_keeps_glibc_memory():
 
 
 def test_a_worker_takes_its_share_of_the_cores_it_may_run_on(monkeypatch):
-    monkeypatch.setattr(model_runner.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
-    assert model_runner.cpu_threads(ServerArgs(model_path="m")) == 6
-    assert model_runner.cpu_threads(ServerArgs(model_path="m", tp_size=2)) == 3
-    monkeypatch.setattr(model_runner.os, "sched_getaffinity", lambda pid: {3})
-    assert model_runner.cpu_threads(ServerArgs(model_path="m", tp_size=2)) == 1
+    monkeypatch.setattr(runner_setup.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    assert runner_setup.cpu_threads(ServerArgs(model_path="m")) == 6
+    assert runner_setup.cpu_threads(ServerArgs(model_path="m", tp_size=2)) == 3
+    monkeypatch.setattr(runner_setup.os, "sched_getaffinity", lambda pid: {3})
+    assert runner_setup.cpu_threads(ServerArgs(model_path="m", tp_size=2)) == 1

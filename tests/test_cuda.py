@@ -78,7 +78,7 @@ def fill_decode_batch(runner, n: int, rng: random.Random, free: list[int]) -> li
     for slot in range(n):
         kv_len = rng.randint(1, 600)  # after this step
         pages = [free.pop() for _ in range(math.ceil(kv_len / ps))]
-        runner.page_table[slot, : len(pages)] = torch.tensor(pages)
+        runner.slots.page_table[slot, : len(pages)] = torch.tensor(pages)
         for buf in cache.k + cache.v:
             buf[pages] = torch.randn(len(pages), *buf.shape[1:], device=buf.device).to(buf.dtype)
         entries.append(BatchEntry(slot=slot, input_ids=[rng.randrange(1000)], start_pos=kv_len - 1, new_pages=[], sample=True))

@@ -41,10 +41,10 @@ def test_worker_start_on_cuda_with_dtype_float32_is_refused_by_name(llama_path, 
 
 
 def test_worker_start_on_cuda_with_dtype_auto_serves_the_float32_tiny_llama_in_float16(llama_path, monkeypatch):
-    from radixrt.worker import model_runner as mr
+    from radixrt.worker import runner_setup
 
     # the meta device stands in for CUDA, so auto's rule is asked about "cuda"
-    monkeypatch.setattr(mr, "resolve_dtype", lambda c, m, device, r: resolve_dtype(c, m, "cuda", r))
+    monkeypatch.setattr(runner_setup, "resolve_dtype", lambda c, m, device, r: resolve_dtype(c, m, "cuda", r))
     runner = make_meta_runner(llama_path, monkeypatch, dtype="auto")
     assert runner.cfg.torch_dtype in ("float32", None) and runner.dtype == torch.float16
     assert runner.cache.dtype == torch.float16

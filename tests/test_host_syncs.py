@@ -49,7 +49,7 @@ def eager_graphs(runner, monkeypatch):
             self.graphs[bs] = types.SimpleNamespace(replay=lambda bs=bs, g=self: g.outputs[bs].copy_(g._forward(bs)))
 
     monkeypatch.setattr(DecodeGraphRunner, "_capture", capture)
-    graphs = DecodeGraphRunner(runner.model, runner.attn, [1, 2, 4, 8], max_pages_per_req=runner.page_table.shape[1])
+    graphs = DecodeGraphRunner(runner.model, runner.attn, [1, 2, 4, 8], max_pages_per_req=runner.slots.page_table.shape[1])
     for wrappers in graphs.wrappers.values():
         for w in wrappers:
             w.plans.clear()  # the captures' own plans

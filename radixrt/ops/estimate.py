@@ -58,7 +58,7 @@ from radixrt.ops.sizing import ACTIVATION_FRACTION, KV_MARGIN, Breakdown, Sizer,
 from radixrt.ops.trace import load_trace
 from radixrt.utils.checkpoint_meta import checkpoint_tensors, read_config
 from radixrt.worker.kv_pool import available_host_bytes
-from radixrt.worker.model_runner import DTYPES, resolve_device
+from radixrt.worker.runner_setup import DTYPES, resolve_device
 
 GIB = 2**30
 # ServerArgs fields that size memory: `radixrt estimate` takes them with the server's flags and defaults

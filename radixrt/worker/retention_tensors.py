@@ -2,7 +2,7 @@
 pages were dropped, their sinks' keys, positions past the rope tables, and the attention mass
 heavy_hitter's scheduler reads.
 
-Before a step (ModelRunner._apply_slot_changes): the sink keys of a first drop are saved before any copy can
+Before a step (SlotTable.apply): the sink keys of a first drop are saved before any copy can
 overwrite their pages, and after the page tables are rewritten the sinks are re-rotated
 (SinkKeys). During it: a token runs at its cache index plus its entry's pos_offset (its place
 in the sequence), which may pass the rope tables (rope.py's scratch rows). After it: the

@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import zmq
 
 from radixrt.config import ServerArgs
 from radixrt.ipc import PeerLost, Receiver, Sender
 from radixrt.messages import (
-    ForwardBatch, KVMoves, LoadWeights, ReadyMsg, SchedulerToWorker, Shutdown, SpotCheck, WorkerToScheduler
+    ForwardBatch,
+    KVMoves,
+    LoadWeights,
+    ReadyMsg,
+    SchedulerToWorker,
+    Shutdown,
+    SpotCheck,
+    WorkerToScheduler,
 )
 from radixrt.utils.procs import Addresses, configure_child, startup_failed
+
+if TYPE_CHECKING:  # imported in run_worker, where a failure to import torch is reported as the start's failure
+    from radixrt.worker.model_runner import ModelRunner
 
 
 def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 0) -> None:
@@ -41,29 +53,26 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 
         if isinstance(msg, KVMoves):
             runner.move(msg.moves)
             continue
-        if isinstance(msg, LoadWeights):
-            try:
-                loaded = runner.load_weights(msg.model_path)  # every rank or none
-            except Exception:  # the rollback to the old weights failed: the model is part old, part new
-                logging.exception("worker %d could not restore its weights after a failed update; exiting", rank)
-                raise SystemExit(1) from None
-            if outbox is not None:
-                outbox.send(loaded)
-            continue
-        if isinstance(msg, SpotCheck):
-            try:
-                checked = runner.spot_check(msg)
-            except Exception:  # the reference forward itself: the device state is unknown
-                logging.exception("worker %d failed running spot check %d; exiting", rank, msg.check_id)
-                raise SystemExit(1) from None
-            if outbox is not None:
-                outbox.send(checked)
-            continue
-        assert isinstance(msg, ForwardBatch)
-        try:
-            result = runner.forward(msg)  # one request's failure comes back in result.errors
-        except Exception:  # the model forward or the KV pool: the device state is unknown
-            logging.exception("worker %d failed running step %d; exiting", rank, msg.step)
-            raise SystemExit(1) from None
+        reply = _serve(rank, *_work(runner, msg))
         if outbox is not None:
-            outbox.send(result)
+            outbox.send(reply)
+
+
+def _work(runner: ModelRunner, msg: SchedulerToWorker) -> tuple[Callable[[], WorkerToScheduler], str]:
+    """What to run for a message that rank 0 answers, and what a failure of it leaves unknown."""
+    if isinstance(msg, LoadWeights):  # every rank or none: an exception is a failed rollback, part old, part new
+        return lambda: runner.load_weights(msg.model_path), "could not restore its weights after a failed update"
+    if isinstance(msg, SpotCheck):
+        return lambda: runner.spot_check(msg), f"failed running spot check {msg.check_id}"
+    assert isinstance(msg, ForwardBatch)
+    # one request's failure comes back in result.errors; an exception is the model forward or the KV pool's
+    return lambda: runner.forward(msg), f"failed running step {msg.step}"
+
+
+def _serve(rank: int, run: Callable[[], WorkerToScheduler], failure: str) -> WorkerToScheduler:
+    """run's reply; an exception out of it leaves the device state unknown: the worker exits."""
+    try:
+        return run()
+    except Exception:
+        logging.exception("worker %d %s; exiting", rank, failure)
+        raise SystemExit(1) from None

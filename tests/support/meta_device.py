@@ -146,18 +146,19 @@ def make_meta_runner(model_path, monkeypatch, **args):
     from radixrt.config import ServerArgs
     from radixrt.models.registry import MODEL_FAMILIES
     from radixrt.worker import model_runner as mr
+    from radixrt.worker import runner_setup
 
     fake = types.ModuleType("flashinfer")
     fake.BatchDecodeWithPagedKVCacheWrapper = fake.BatchPrefillWithPagedKVCacheWrapper = RecordingWrapper
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
     monkeypatch.setattr(fb, "DEVICE_TYPES", ("cuda", "meta"))
-    monkeypatch.setattr(mr, "resolve_device", lambda name: DEVICE)
+    monkeypatch.setattr(runner_setup, "resolve_device", lambda name: DEVICE)
 
     def meta_model(path, cfg, dtype, device, tp):  # the shapes alone: meta tensors hold no weights
         with torch.device(device):
             return MODEL_FAMILIES[cfg.model_type](cfg, tp).to(dtype=dtype).eval()
 
-    monkeypatch.setattr(mr, "load_model", meta_model)
+    monkeypatch.setattr(runner_setup, "load_model", meta_model)
     monkeypatch.setattr(mr, "Sampler", MarkingSampler)
     defaults = dict(device="cpu", attention_backend="flashinfer", page_size=PAGE, max_total_tokens=512, max_running_requests=8)
     return mr.ModelRunner(ServerArgs(model_path=str(model_path), **{**defaults, **args}))
