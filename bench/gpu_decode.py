@@ -28,10 +28,11 @@ from common import TimedWorker, ensure_model, random_prompts, write_result  # no
 def run_batch(runner, args, batch: int) -> dict[str, float]:
     from radixrt.messages import TokenizedRequest
     from radixrt.sampling_params import SamplingParams
+    from radixrt.config_views import SchedulerConfig
     from radixrt.scheduler.scheduler import Scheduler
     from radixrt.scheduler.step import drive
 
-    sched = Scheduler(args.server_args, runner.ready_message(), tokenizer=None)
+    sched = Scheduler(SchedulerConfig.of(args.server_args), runner.ready_message(), tokenizer=None)
     sp = SamplingParams(max_new_tokens=args.steps + 1, temperature=0, ignore_eos=True)
     for i, p in enumerate(random_prompts(batch, args.context, args.context, vocab=1000, seed=batch)):
         sched.add_request(TokenizedRequest(f"r{i}", p, sp))

@@ -257,6 +257,7 @@ def run_swap(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]
     import torch
 
     from radixrt.config import ServerArgs
+    from radixrt.config_views import SchedulerConfig
     from radixrt.scheduler.scheduler import Scheduler
     from radixrt.worker.kv_tiers import KVTierStore
     from radixrt.worker.model_runner import ModelRunner
@@ -267,7 +268,7 @@ def run_swap(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]
                         max_total_tokens=(max(lengths) // PAGE + 2) * PAGE, chunked_prefill_size=max(lengths),
                         disable_radix_cache=True, disable_cuda_graph=True, log_level="warning")
     runner = ModelRunner(server)
-    sched = Scheduler(server, runner.ready_message(), tokenizer=None)
+    sched = Scheduler(SchedulerConfig.of(server), runner.ready_message(), tokenizer=None)
     store = KVTierStore(runner.cache, math.ceil(max(lengths) / PAGE), None, 0, rank=0)
     for n in (1, max(lengths)):  # warm-up: allocator and kernels
         prefill_step(runner, sched, n)

@@ -16,6 +16,7 @@ import requests
 from transformers import AutoTokenizer
 
 from radixrt.config import ServerArgs
+from radixrt.config_views import HttpConfig
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
 from radixrt.frontend.generate_input import GenerateInput
 from radixrt.namespace import CacheNamespace
@@ -96,7 +97,7 @@ def test_auto_truncate_cuts_the_budget_and_the_prompt(truncating):
 # -- API keys --------------------------------------------------------------------------------
 
 def test_health_routes_metrics_and_preflights_need_no_key():
-    args = ServerArgs(model_path="m", api_key="k", admin_api_key="a")
+    args = HttpConfig.of(ServerArgs(model_path="m", api_key="k", admin_api_key="a"))
     for path in ("/health", "/health_generate", "/health/ready", "/metrics", "/metrics/"):
         assert required_key(path, args) is None, path
     assert required_key("/v1/models", args, "OPTIONS") is None

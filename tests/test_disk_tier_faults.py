@@ -24,6 +24,7 @@ from support.fake_worker import POISON, FakeWorker, reference_generate
 from radixrt.cache import RadixCache
 from radixrt.cache.tier_index import page_keys
 from radixrt.config import ServerArgs
+from radixrt.config_views import SchedulerConfig
 from radixrt.kernels import PagedKVCache
 from radixrt.messages import BatchResult, DiskFaults, KVMove, MoveKind, disk_page_name
 from radixrt.namespace import DEFAULT_NAMESPACE
@@ -209,7 +210,7 @@ def test_a_failed_disk_read_is_recomputed_with_the_same_tokens(tmp_path):
     reference's."""
     w = LossyWorker(40, 4, host_pages=40, disk_dir=str(tmp_path), disk_pages=200)
     args = ServerArgs(model_path="unused", page_size=4, chunked_prefill_size=256, enable_hierarchical_cache=True)
-    s = Scheduler(args, w.ready, CharTokenizer())
+    s = Scheduler(SchedulerConfig.of(args), w.ready, CharTokenizer())
     docs = [[(7 * d + i) % 45 for i in range(70)] for d in range(6)]
     first = [req(f"a{d}", docs[d] + [d], 5) for d in range(6)]
     assert run(s, w, first)[0] == {r.rid: reference_generate(r.input_ids, 5) for r in first}

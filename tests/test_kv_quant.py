@@ -238,6 +238,7 @@ def serve(path, kv_dtype: str, requests) -> dict:
     """Run requests to completion through the engine's Scheduler and ModelRunner in this process
     (no processes to start, so four pools fit the time budget) -> rid -> accumulated outputs."""
     from radixrt.config import ServerArgs
+    from radixrt.config_views import SchedulerConfig
     from radixrt.scheduler.scheduler import Scheduler
     from radixrt.scheduler.step import drive
     from radixrt.worker.model_runner import ModelRunner
@@ -247,7 +248,7 @@ def serve(path, kv_dtype: str, requests) -> dict:
     args = ServerArgs(model_path=str(path), kv_cache_dtype=kv_dtype, kv_quant_min_agreement=0.0, device="cpu",
                       attention_backend="torch", page_size=16, chunked_prefill_size=64, max_total_tokens=8192)
     runner = ModelRunner(args)
-    sched = Scheduler(args, runner.ready_message(), tokenizer=None)
+    sched = Scheduler(SchedulerConfig.of(args), runner.ready_message(), tokenizer=None)
     out = {r.rid: {"ids": [], "input_logprobs": [], "input_top": []} for r in requests}
     for r in requests:
         sched.add_request(r)

@@ -180,12 +180,13 @@ def test_the_disk_tier_is_keyed_by_the_weights_content_not_their_place(llama_pat
 
     import torch
     from radixrt.config import ServerArgs
+    from radixrt.config_views import TierConfig
     from radixrt.worker.kv_tiers import weights_fingerprint
 
     def fingerprint(path, **kw):
         args = ServerArgs(model_path=str(path), enable_hierarchical_cache=True, hicache_dir=str(tmp_path / "hc"), **kw)
         (tmp_path / "hc").mkdir(exist_ok=True)
-        return weights_fingerprint(args, torch.float32)
+        return weights_fingerprint(TierConfig.of(args), torch.float32)
 
     copy = tmp_path / "copy"
     shutil.copytree(llama_path, copy)
@@ -194,6 +195,7 @@ def test_the_disk_tier_is_keyed_by_the_weights_content_not_their_place(llama_pat
     assert fingerprint(llama_path, page_size=16) != fingerprint(llama_path)
     fp8 = ServerArgs(model_path=str(llama_path), kv_cache_dtype="fp8_e4m3", enable_hierarchical_cache=True,
                      hicache_dir=str(tmp_path / "hc"))
+    fp8 = TierConfig.of(fp8)
     assert weights_fingerprint(fp8, torch.float32, [0.01, 0.02]) != weights_fingerprint(fp8, torch.float32, [0.01, 0.03])
     weights = copy / "model.safetensors"
     data = bytearray(weights.read_bytes())

@@ -21,6 +21,7 @@ from support.fake_worker import FakeWorker, reference_next
 from support.helpers import assert_no_page_leak, corpus_prompts, hf_model
 from make_family_models import FAMILY_NAMES, LONGROPE_ORIGINAL, ensure_family_model
 from radixrt.config import ServerArgs
+from radixrt.config_views import SchedulerConfig
 from radixrt.messages import TokenizedRequest
 from radixrt.namespace import CacheNamespace
 from radixrt.sampling_params import SamplingParams
@@ -185,7 +186,8 @@ def longrope_reference(prompt: list[int], n: int, threshold: int) -> list[int]:
 def test_longrope_requests_recompute_when_they_cross_and_never_share_kv_across_factors():
     threshold, page_size = 12, 4
     worker = LongRopeWorker(threshold, num_pages=64, page_size=page_size)
-    scheduler = Scheduler(ServerArgs(model_path="unused", page_size=page_size, schedule_policy="fcfs"), worker.ready, None)
+    scheduler = Scheduler(SchedulerConfig.of(ServerArgs(model_path="unused", page_size=page_size, schedule_policy="fcfs")),
+                          worker.ready, None)
     base = list(range(1, 9))  # 8 tokens: short; it crosses the threshold while decoding
     reqs = {  # rid -> (prompt, new tokens, salt)
         "cross": (base, 10, None),

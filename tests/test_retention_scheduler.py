@@ -11,6 +11,7 @@ from support.fake_worker import FakeWorker, reference_generate
 from support.scheduling import CharTokenizer, assert_idle_pool, make, run, tree_pages
 
 from radixrt.config import ServerArgs
+from radixrt.config_views import SchedulerConfig
 from radixrt.errors import RequestError
 from radixrt.messages import TokenizedRequest
 from radixrt.retention.policies import budget_for
@@ -102,7 +103,7 @@ def test_any_schedule_of_chunks_stays_within_the_budget_and_keeps_the_sinks(poli
 def make_bounded(num_pages: int, page_size: int, context_length: int = 4096, **args) -> tuple[Scheduler, FakeWorker]:
     worker = FakeWorker(num_pages, page_size, context_length=context_length)
     server_args = ServerArgs(model_path="unused", page_size=page_size, schedule_policy="fcfs", **args)
-    return Scheduler(server_args, worker.ready, CharTokenizer()), worker
+    return Scheduler(SchedulerConfig.of(server_args), worker.ready, CharTokenizer()), worker
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -208,4 +209,4 @@ def test_heavy_hitter_is_refused_where_the_worker_cannot_report_attention_mass()
     e = refusal(door, "heavy_hitter")
     assert e.status == 400 and "sampling_params.kv_retention.policy heavy_hitter: no mass here" in e.message
     with pytest.raises(ValueError, match="kv_retention heavy_hitter: no mass here"):
-        Scheduler(ServerArgs(model_path="unused", page_size=4, kv_retention="heavy_hitter"), worker.ready, CharTokenizer())
+        Scheduler(SchedulerConfig.of(ServerArgs(model_path="unused", page_size=4, kv_retention="heavy_hitter")), worker.ready, CharTokenizer())

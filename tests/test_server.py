@@ -310,12 +310,13 @@ def test_api_keys_and_sigterm_stops_every_process(llama_path, model_paths):
 
 def test_without_an_admin_key_admin_routes_take_the_api_key():
     from radixrt.config import ServerArgs
+    from radixrt.config_views import HttpConfig
     from radixrt.server.http_server import bearer_matches, required_key
 
-    args = ServerArgs(model_path="m", api_key="k")
+    args = HttpConfig.of(ServerArgs(model_path="m", api_key="k"))
     assert required_key("/flush_cache", args) == "k" and required_key("/health_generate", args) is None
     assert required_key("/metrics", args) is None and required_key("/generate", args) == "k"
-    only_admin = ServerArgs(model_path="m", admin_api_key="a")
+    only_admin = HttpConfig.of(ServerArgs(model_path="m", admin_api_key="a"))
     assert required_key("/generate", only_admin) is None and required_key("/abort_request", only_admin) == "a"
     assert bearer_matches("Bearer k", "k") and bearer_matches("bearer   k ", "k")
     assert not bearer_matches("Bearer kk", "k") and not bearer_matches("Basic k", "k") and not bearer_matches(None, "k")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from support.fake_worker import FakeWorker
 from radixrt.config import ServerArgs
+from radixrt.config_views import SchedulerConfig
 from radixrt.messages import KVMove, TokenizedRequest
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.scheduler import Scheduler
@@ -74,7 +75,7 @@ def test_the_driver_makes_the_moves_before_the_batch_that_reads_them():
     w = RecordingWorker(24, 4, host_pages=48)
     args = ServerArgs(model_path="unused", page_size=4, schedule_policy="lpm", enable_hierarchical_cache=True,
                       max_running_requests=1)
-    s = Scheduler(args, w.ready, None)
+    s = Scheduler(SchedulerConfig.of(args), w.ready, None)
     sp = SamplingParams(max_new_tokens=2, ignore_eos=True, temperature=0)
     doc = [rng.randrange(50) for _ in range(60)]
     for rid, prompt in [("doc", doc + [1])] + [(f"other{i}", [rng.randrange(50) for _ in range(60)]) for i in range(2)]:

@@ -19,6 +19,7 @@ from support.helpers import wait_for
 from support.server_proc import assert_healthy_and_idle, running_server, server_info
 
 from radixrt.config import ServerArgs
+from radixrt.config_views import HttpConfig
 from radixrt.frontend.generate_input import cache_namespace
 from radixrt.launch_server import warn_about_keys
 from radixrt.namespace import CacheNamespace
@@ -113,12 +114,12 @@ def test_a_guess_tells_nothing_about_another_tenants_prompts(server):
 
 
 def test_only_the_admin_key_reads_every_namespace():
-    keyed = ServerArgs(model_path="m", api_key="user", admin_api_key="boss")
+    keyed = HttpConfig.of(ServerArgs(model_path="m", api_key="user", admin_api_key="boss"))
     assert cache_report_scope(keyed, "Bearer boss", None, None) is None  # every namespace
     assert cache_report_scope(keyed, "Bearer boss", "s", None) == CacheNamespace(salt="s")
     assert cache_report_scope(keyed, "Bearer user", None, None) == CacheNamespace()
     assert cache_report_scope(keyed, "Bearer user", "ten", "ant") == CacheNamespace(salt="ten", extra_key="ant")
-    only_api = ServerArgs(model_path="m", api_key="user")
+    only_api = HttpConfig.of(ServerArgs(model_path="m", api_key="user"))
     assert cache_report_scope(only_api, "Bearer user", None, None) is None  # api_key is the admin key then
     assert cache_report_scope(ServerArgs(model_path="m"), None, None, None) == CacheNamespace()  # no key, no admin
 

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from radixrt.config import ServerArgs
+from radixrt.config_views import SchedulerConfig
 from radixrt.errors import from_validation
 from radixrt.messages import (
     BatchEntry,
@@ -69,7 +69,7 @@ class Scheduled:
 
 
 class Scheduler:
-    def __init__(self, args: ServerArgs, worker: WorkerReady, tokenizer: Any) -> None:
+    def __init__(self, args: SchedulerConfig, worker: WorkerReady, tokenizer: Any) -> None:
         self.args = args
         tiers = None
         if worker.host_pages:

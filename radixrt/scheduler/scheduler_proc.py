@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable
 import zmq
 
 from radixrt.config import ServerArgs
+from radixrt.config_views import SchedulerConfig
 from radixrt.ipc import Receiver, Sender, Undecodable
 from radixrt.messages import (
     AbortRequest,
@@ -67,7 +68,7 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
     ranks = Ranks(to_workers, Receiver(ctx, addrs.worker_out, WorkerToScheduler), args.watchdog_timeout)
     outbox: Sender[SchedulerToFrontend] = Sender(ctx, addrs.frontend_in)
     try:
-        sched = Scheduler(args, worker, tokenizer)
+        sched = Scheduler(SchedulerConfig.of(args), worker, tokenizer)
     except Exception as e:
         startup_failed(ready, "scheduler", e)
     ready.send(SchedulerReady(max_total_tokens=worker.num_pages * worker.page_size))

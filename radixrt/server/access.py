@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 
-from radixrt.config import ServerArgs
+from radixrt.config_views import HttpConfig
 from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import SALT_MAX_CHARS, cache_namespace
 from radixrt.namespace import CacheNamespace
@@ -25,24 +25,24 @@ def bearer_matches(header: str | None, key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
-def required_key(path: str, args: ServerArgs, method: str = "GET") -> str | None:
+def required_key(path: str, http: HttpConfig, method: str = "GET") -> str | None:
     """SGLang's auth levels: every /health* route, /metrics and CORS preflights (OPTIONS) are open;
     admin routes take admin_api_key when set, else api_key; every other route takes api_key (when set)."""
     if path.startswith(OPEN_PREFIXES) or method == "OPTIONS":
         return None
     if path in ADMIN_PATHS:
-        return args.admin_api_key or args.api_key
-    return args.api_key
+        return http.admin_api_key or http.api_key
+    return http.api_key
 
 
-def is_admin(authorization: str | None, args: ServerArgs) -> bool:
+def is_admin(authorization: str | None, http: HttpConfig) -> bool:
     """Whether the caller presents the admin credential: admin_api_key, or api_key when there is no
     admin key. A server without keys has no admin: nobody can prove to be one."""
-    key = args.admin_api_key or args.api_key
+    key = http.admin_api_key or http.api_key
     return key is not None and bearer_matches(authorization, key)
 
 
-def cache_report_scope(args: ServerArgs, authorization: str | None, cache_salt: str | None,
+def cache_report_scope(http: HttpConfig, authorization: str | None, cache_salt: str | None,
                        extra_key: str | None) -> CacheNamespace | None:
     """Whose recent requests GET /cache_report covers: every namespace (None) for an admin who names
     none; else the namespace named by the query's cache_salt and extra_key, combined as /generate
@@ -51,6 +51,6 @@ def cache_report_scope(args: ServerArgs, authorization: str | None, cache_salt: 
     for value, name in ((cache_salt, "cache_salt"), (extra_key, "extra_key")):
         if value is not None and len(value) > SALT_MAX_CHARS:
             raise RequestError(f"{name} is longer than {SALT_MAX_CHARS} characters", name)
-    if cache_salt is None and extra_key is None and is_admin(authorization, args):
+    if cache_salt is None and extra_key is None and is_admin(authorization, http):
         return None
     return cache_namespace(cache_salt, extra_key)

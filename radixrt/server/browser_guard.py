@@ -30,7 +30,7 @@ import ipaddress
 from typing import Mapping
 from urllib.parse import urlsplit
 
-from radixrt.config import ServerArgs
+from radixrt.config_views import HttpConfig
 from radixrt.server.access import ADMIN_PATHS, OPEN_PREFIXES
 from radixrt.server.http_common import ApiError
 
@@ -66,11 +66,11 @@ class HostAllowlist:
     """The Host values served: loopback names and addresses, the bind address, --allowed-hosts
     entries ("*": any), and any IP literal when the server is bound to a wildcard address."""
 
-    def __init__(self, args: ServerArgs) -> None:
-        extra = [e.strip() for e in (args.allowed_hosts or "").split(",") if e.strip()]
+    def __init__(self, http: HttpConfig) -> None:
+        extra = [e.strip() for e in (http.allowed_hosts or "").split(",") if e.strip()]
         self.anything = "*" in extra
-        self.any_ip = args.host.strip("[]") in WILDCARD_BINDS
-        self.entries = [split_host(e) for e in (*LOOPBACK_HOSTS, args.host, *extra) if e != "*"]
+        self.any_ip = http.host.strip("[]") in WILDCARD_BINDS
+        self.entries = [split_host(e) for e in (*LOOPBACK_HOSTS, http.host, *extra) if e != "*"]
 
     def allows(self, host: str) -> bool:
         name, port = split_host(host)
@@ -80,8 +80,8 @@ class HostAllowlist:
 
 
 class BrowserGuard:
-    def __init__(self, args: ServerArgs) -> None:
-        self.hosts = HostAllowlist(args)
+    def __init__(self, http: HttpConfig) -> None:
+        self.hosts = HostAllowlist(http)
 
     def refusal(self, method: str, path: str, headers: Mapping[str, str]) -> ApiError | None:
         """Why a request to a route that takes no key is refused (the module's checks), or None."""

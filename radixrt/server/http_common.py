@@ -15,6 +15,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixrt.config import ServerArgs
+from radixrt.config_views import HttpConfig
 from radixrt.frontend.generate_input import GenerateInput, GenerateRequest
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import TokenizerManager
@@ -43,6 +44,10 @@ class ServerContext:
     check_alive: Callable[[], str | None] = field(default=lambda: None)  # None, or which child died
     dead: str | None = None  # why the backend is gone, once it is
     draining: str | None = None  # set at SIGTERM: no new requests
+    http: HttpConfig = field(init=False)  # what the front door's checks read, from args
+
+    def __post_init__(self) -> None:
+        self.http = HttpConfig.of(self.args)
 
     def unavailable(self) -> str | None:
         """Why the server cannot take a request now, or None."""
@@ -98,13 +103,13 @@ def _too_large(limit: int) -> ApiError:
 
 
 async def read_typed(ctx: ServerContext, request: Request, kind: type) -> Any:
-    raw = await read_body(request, ctx.args.max_request_bytes)
+    raw = await read_body(request, ctx.http.max_request_bytes)
     return await ctx.manager.run_off_loop(decode_body, raw, kind)
 
 
 async def generate_input(ctx: ServerContext, req: GenerateRequest) -> GenerateInput:
     """The call's items, built off the event loop (a list of thousands of prompts takes a while)."""
-    return await ctx.manager.run_off_loop(GenerateInput.from_request, req, ctx.args.max_n, ctx.args.max_requests_per_call)
+    return await ctx.manager.run_off_loop(GenerateInput.from_request, req, ctx.http.max_n, ctx.http.max_requests_per_call)
 
 
 class Submission:

@@ -38,11 +38,11 @@ logger = logging.getLogger(__name__)
 def create_app(ctx: ServerContext) -> FastAPI:
     app = FastAPI(title="radixrt", version=ctx.version)
     app.state.ctx = ctx
-    browser = BrowserGuard(ctx.args)
+    browser = BrowserGuard(ctx.http)
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        key = required_key(request.url.path, ctx.args, request.method)
+        key = required_key(request.url.path, ctx.http, request.method)
         if key and not bearer_matches(request.headers.get("authorization"), key):
             return _answer(ctx, ApiError(401, "invalid or missing API key", type="authentication_error", cause="auth"))
         refused = None if key else browser.refusal(request.method, request.url.path, request.headers)

@@ -126,7 +126,7 @@ def _add_cache_report(app: FastAPI, ctx: ServerContext) -> None:
         names none (access.cache_report_scope)."""
         if first_n < 1:
             raise ApiError(400, f"first_n must be >= 1, got {first_n}", param="first_n")
-        only = cache_report_scope(ctx.args, request.headers.get("authorization"), cache_salt, extra_key)
+        only = cache_report_scope(ctx.http, request.headers.get("authorization"), cache_salt, extra_key)
         return json_response(ctx.manager.cache_report.report(first_n, only))
 
 

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from radixrt.config import ServerArgs
+from radixrt.config_views import PoolConfig
 
 CUDA_DEFAULT_FRACTION = 0.88
 CPU_DEFAULT_FRACTION = 0.3
@@ -48,21 +48,21 @@ def pages_for_budget(budget: float, page_size: int, bytes_per_token: int, table_
 
 
 def plan_num_pages(
-    args: ServerArgs, bytes_per_token: int, device: torch.device, context_length: int, ranks_sharing: int = 1
+    pool: PoolConfig, bytes_per_token: int, device: torch.device, context_length: int, ranks_sharing: int = 1
 ) -> int:
     """Pages for the pool: max_total_tokens if given, else what a fraction of free memory holds beside
     the page table. ranks_sharing: ranks whose pools and tables share this memory (CPU ranks share RAM)."""
-    if args.max_total_tokens is not None:
-        return args.max_total_tokens // args.page_size
+    if pool.max_total_tokens is not None:
+        return pool.max_total_tokens // pool.page_size
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        fraction = args.mem_fraction_static or CUDA_DEFAULT_FRACTION
+        fraction = pool.mem_fraction_static or CUDA_DEFAULT_FRACTION
         # Weights are already loaded: static memory (weights + pool) stays within fraction * total.
         budget = fraction * total - (total - free)
     else:
-        budget = (args.mem_fraction_static or CPU_DEFAULT_FRACTION) * available_host_bytes()
-    table = page_table_bytes(args.max_running_requests, context_length, args.page_size)
-    pages = pages_for_budget(budget / ranks_sharing, args.page_size, bytes_per_token, table)
+        budget = (pool.mem_fraction_static or CPU_DEFAULT_FRACTION) * available_host_bytes()
+    table = page_table_bytes(pool.max_running_requests, context_length, pool.page_size)
+    pages = pages_for_budget(budget / ranks_sharing, pool.page_size, bytes_per_token, table)
     if pages < 1:
         raise ValueError(
             f"mem_fraction_static leaves no room for the KV pool ({budget / 2**30:.2f} GiB); raise it or set max_total_tokens"

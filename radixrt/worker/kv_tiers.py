@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from radixrt.config import ServerArgs
+from radixrt.config_views import TierConfig
 from radixrt.kernels import PagedKVCache
 from radixrt.messages import DISK_PAGE_GLOB, DiskFaults, KVMove, MoveKind
 from radixrt.worker.disk_tier import DiskTier, PageFiles
@@ -38,24 +38,24 @@ logger = logging.getLogger(__name__)
 DIGESTS_FILE = "weights-digests.json"  # in hicache_dir: file digests by path, size and mtime
 
 
-def digest_memo_dir(args: ServerArgs) -> Path:
+def digest_memo_dir(tiers: TierConfig) -> Path:
     """Where file digests are remembered: the disk tier's directory, else the user's cache."""
-    if args.hicache_dir is not None:
-        return Path(args.hicache_dir)
+    if tiers.hicache_dir is not None:
+        return Path(tiers.hicache_dir)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "radixrt"
 
 
 def weights_fingerprint(
-    args: ServerArgs, dtype: torch.dtype, fp8_scales: list[float] | None = None, model_path: str | None = None
+    tiers: TierConfig, dtype: torch.dtype, fp8_scales: list[float] | None = None, model_path: str | None = None
 ) -> str:
     """What makes KV reusable across runs: the weights' whole content (config.json and a digest of
     each safetensors file; where the files live does not matter), the dtypes, the page size, the
     tensor-parallel split and an fp8 pool's per-layer scales (stored bytes mean nothing without them).
-    model_path: the checkpoint (default args.model_path; a weight update names the new one). File
+    model_path: the checkpoint (default tiers.model_path; a weight update names the new one). File
     digests are remembered by path, size and mtime (digest_memo_dir), so a restart does not rehash
     gigabytes."""
-    root = Path(model_path or args.model_path)
-    memo_path = digest_memo_dir(args) / DIGESTS_FILE
+    root = Path(model_path or tiers.model_path)
+    memo_path = digest_memo_dir(tiers) / DIGESTS_FILE
     try:
         memo_path.parent.mkdir(parents=True, exist_ok=True)
         memo = json.loads(memo_path.read_text()) if memo_path.exists() else {}
@@ -82,22 +82,22 @@ def weights_fingerprint(
             os.replace(tmp, memo_path)
         except OSError as e:  # the digests are only a shortcut; prepare_disk_dir checks hicache_dir itself
             logger.warning("cannot keep weight digests in %s: %s", memo_path.parent, e)
-    h.update(json.dumps([str(dtype), args.kv_cache_dtype, args.page_size, args.tp_size]).encode())
+    h.update(json.dumps([str(dtype), tiers.kv_cache_dtype, tiers.page_size, tiers.tp_size]).encode())
     if fp8_scales is not None:
         h.update(json.dumps(fp8_scales).encode())
     return h.hexdigest()[:20]
 
 
-def plan_host_pages(args: ServerArgs, num_pages: int, page_bytes: int, device: torch.device) -> int:
+def plan_host_pages(tiers: TierConfig, num_pages: int, page_bytes: int, device: torch.device) -> int:
     """Pages of the host pool: the hierarchical cache's host tier, or swap space for preemption."""
-    if args.enable_hierarchical_cache:
-        name = "hicache_size" if args.hicache_size else "hicache_ratio"
-        size = args.hicache_size * 2**30 if args.hicache_size else num_pages * page_bytes * args.hicache_ratio
-    elif args.preemption_mode != "recompute":
-        name, size = "swap_space", args.swap_space * 2**30
+    if tiers.enable_hierarchical_cache:
+        name = "hicache_size" if tiers.hicache_size else "hicache_ratio"
+        size = tiers.hicache_size * 2**30 if tiers.hicache_size else num_pages * page_bytes * tiers.hicache_ratio
+    elif tiers.preemption_mode != "recompute":
+        name, size = "swap_space", tiers.swap_space * 2**30
     else:
         return 0
-    ranks_here = args.tp_size // args.nnodes
+    ranks_here = tiers.ranks_per_node
     device_pool = num_pages * page_bytes if device.type == "cpu" else 0  # committed as it fills
     free = available_host_bytes() - device_pool * ranks_here
     if size * ranks_here > free:
@@ -111,26 +111,26 @@ def plan_host_pages(args: ServerArgs, num_pages: int, page_bytes: int, device: t
     return pages
 
 
-def prepare_disk_dir(args: ServerArgs, fingerprint: str, page_bytes: int) -> tuple[Path, int]:
+def prepare_disk_dir(tiers: TierConfig, fingerprint: str, page_bytes: int) -> tuple[Path, int]:
     """The disk tier's directory for the weights of this fingerprint (checked writable, created) and
     its capacity in pages."""
     try:
-        Path(args.hicache_dir).mkdir(parents=True, exist_ok=True)
-        d = Path(args.hicache_dir) / fingerprint
+        Path(tiers.hicache_dir).mkdir(parents=True, exist_ok=True)
+        d = Path(tiers.hicache_dir) / fingerprint
         d.mkdir(exist_ok=True)
         probe = d / f".probe-{os.getpid()}"
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as e:
-        raise ValueError(f"hicache_dir {args.hicache_dir!r} is not writable: {e.strerror or e}") from None
+        raise ValueError(f"hicache_dir {tiers.hicache_dir!r} is not writable: {e.strerror or e}") from None
     held = sum(f.stat().st_size for f in d.glob(DISK_PAGE_GLOB))
-    size = args.hicache_disk_size * 2**30
+    size = tiers.hicache_disk_size * 2**30
     if size > shutil.disk_usage(d).free + held:
         raise ValueError(
-            f"hicache_disk_size {args.hicache_disk_size} GB does not fit: {shutil.disk_usage(d).free / 2**30:.2f} GiB "
-            f"free under {args.hicache_dir!r}"
+            f"hicache_disk_size {tiers.hicache_disk_size} GB does not fit: {shutil.disk_usage(d).free / 2**30:.2f} GiB "
+            f"free under {tiers.hicache_dir!r}"
         )
-    return d, max(1, int(size // (page_bytes * args.tp_size)))
+    return d, max(1, int(size // (page_bytes * tiers.tp_size)))
 
 
 class KVTierStore:

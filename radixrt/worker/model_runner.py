@@ -16,6 +16,7 @@ import math
 import torch
 
 from radixrt.config import ServerArgs
+from radixrt.config_views import TierConfig
 from radixrt.kernels import (
     AttentionBackend,
     AttentionMetadata,
@@ -169,7 +170,7 @@ class ModelRunner:
             return "", 0
         page_bytes = self.bytes_per_token * self.page_size
         try:
-            disk.dir, disk.capacity = prepare_disk_dir(self.args, self.fingerprint, page_bytes)
+            disk.dir, disk.capacity = prepare_disk_dir(TierConfig.of(self.args), self.fingerprint, page_bytes)
             why = None
         except ValueError as e:
             why = str(e)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from radixrt.config import ServerArgs
+from radixrt.config_views import PoolConfig, TierConfig
 from radixrt.kernels import AttentionBackend, PagedKVCache, create_attention_backend
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
 from radixrt.models import ModelConfig, load_model
@@ -121,7 +122,7 @@ def build_kv_pool(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device
     _, _, _, kv_heads = rank_heads(cfg, ranks.tp)
     bytes_per_token = PagedKVCache.bytes_per_token(cfg.num_layers, kv_heads, cfg.head_dim, dtype, args.kv_cache_dtype)
     ranks_per_memory = ranks.tp.size if device.type == "cpu" else 1  # CPU ranks share the host's RAM
-    num_pages = ranks.fewest(plan_num_pages(args, bytes_per_token, device, context_length, ranks_per_memory))
+    num_pages = ranks.fewest(plan_num_pages(PoolConfig.of(args), bytes_per_token, device, context_length, ranks_per_memory))
     cache = PagedKVCache(cfg.num_layers, num_pages, args.page_size, kv_heads, cfg.head_dim, dtype, device,
                          args.kv_cache_dtype)
     return cache, bytes_per_token
@@ -146,21 +147,22 @@ def check_quantized_kv(args: ServerArgs, model: torch.nn.Module, attn: Attention
 def kv_fingerprint(args: ServerArgs, dtype: torch.dtype, cache: PagedKVCache, model_path: str) -> str:
     """The loaded weights' KV fingerprint: what the disk tier's directory is named by."""
     fp8_scales = cache.k_scale + cache.v_scale if cache.layer_scaled else None
-    return weights_fingerprint(args, dtype, fp8_scales, model_path)
+    return weights_fingerprint(TierConfig.of(args), dtype, fp8_scales, model_path)
 
 
 def tier_store(args: ServerArgs, rank: int, cache: PagedKVCache, bytes_per_token: int, fingerprint: str,
                device: torch.device) -> KVTierStore | None:
     """Host pages (hierarchical cache or swap space) and the disk tier, checked against what this machine has."""
-    page_bytes = bytes_per_token * args.page_size
-    host_pages = plan_host_pages(args, cache.num_pages, page_bytes, device)
+    tiers = TierConfig.of(args)
+    page_bytes = bytes_per_token * tiers.page_size
+    host_pages = plan_host_pages(tiers, cache.num_pages, page_bytes, device)
     if not host_pages:
         return None
     disk_dir, disk_pages = None, 0
-    if args.hicache_dir is not None:
-        disk_dir, disk_pages = prepare_disk_dir(args, fingerprint, page_bytes)
+    if tiers.hicache_dir is not None:
+        disk_dir, disk_pages = prepare_disk_dir(tiers, fingerprint, page_bytes)
     logger.info("host KV tier: %d pages%s", host_pages, f"; disk tier: {disk_pages} pages in {disk_dir}" if disk_dir else "")
-    return KVTierStore(cache, host_pages, disk_dir, disk_pages, rank, args.hicache_disk_max_errors)
+    return KVTierStore(cache, host_pages, disk_dir, disk_pages, rank, tiers.hicache_disk_max_errors)
 
 
 def capture_decode_graphs(args: ServerArgs, model: torch.nn.Module, attn: AttentionBackend, device: torch.device,

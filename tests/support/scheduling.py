@@ -4,6 +4,7 @@ with late arrivals and a page audit after every step, and the pool checks the sc
 from __future__ import annotations
 
 from radixrt.config import ServerArgs
+from radixrt.config_views import SchedulerConfig
 from radixrt.messages import TokenizedRequest
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.scheduler import Scheduler
@@ -21,7 +22,7 @@ def make(num_pages: int, page_size: int, tiers: dict | None = None, **args) -> t
     args.setdefault("schedule_policy", "fcfs")
     worker = FakeWorker(num_pages, page_size, **(tiers or {}))
     server_args = ServerArgs(model_path="unused", page_size=page_size, **args)
-    return Scheduler(server_args, worker.ready, CharTokenizer()), worker
+    return Scheduler(SchedulerConfig.of(server_args), worker.ready, CharTokenizer()), worker
 
 
 def tree_pages(cache) -> list[int]:
