@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from random import Random
@@ -18,6 +17,7 @@ import pytest
 import requests
 
 from radixrt.frontend.cache_report import CacheDiagnosis
+from radixrt.launch.ports import free_port
 from radixrt.messages import FinishReason, ReqOutput
 from radixrt.ops.cache_report import main as cache_report_main
 from support.scheduling import make
@@ -285,9 +285,7 @@ def test_the_cli_fails_in_one_line(stub, capsys):
     assert cache_report_main([url, "--api-key", "wrong"]) == 1
     out = capsys.readouterr()
     assert out.out == "" and out.err.count("\n") == 1 and "401" in out.err
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens there once closed
+    port = free_port()  # nothing listens there once it is picked
     assert cache_report_main([f"http://127.0.0.1:{port}"]) == 1
     out = capsys.readouterr()
     assert out.out == "" and out.err.count("\n") == 1 and out.err.startswith("radixrt cache-report: ")

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Iterator
 
 import requests
+
+from radixrt.launch.ports import free_port
 from support.helpers import assert_pool_idle, wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,12 +23,6 @@ SERVER_PAGE_SIZE = 16
 # Compact JSON under a json_schema: free whitespace lets random weights pad JSON until max_new_tokens.
 SERVER_ARGS = ("--page-size", str(SERVER_PAGE_SIZE), "--max-total-tokens", "16384", "--constrained-json-disable-any-whitespace",
                "--tool-call-parser", "qwen25")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def free_port_run(n: int, tries: int = 100) -> int:
