@@ -22,7 +22,7 @@ from radixrt.frontend.generate_input import GenerateInput
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import BackendDied, TokenizerManager
 from radixrt.frontend.weights import UpdateWeightsResult, check_update_options, model_info
-from radixrt.launch.backend import Backend, prepare_checkpoint
+from radixrt.launch.backend import prepare_checkpoint, start_serving
 from radixrt.model_source import resolve_update_path
 
 PROGRESS_BAR_MIN = 32  # a list at least this long shows a tqdm bar
@@ -96,10 +96,10 @@ class Engine:
         if self.server_args.node_rank != 0:
             raise ValueError("node_rank > 0 runs only worker ranks: start it with `radixrt launch_server`")
         local = prepare_checkpoint(self.server_args)  # a wrong path raises here, before any process starts
-        self._backend = Backend(local)
+        self._backend, tokenizer = start_serving(local)
         try:
             self._manager = TokenizerManager(local, self._backend.addrs, self._backend.worker, self._backend.check_alive,
-                                             model_path=self.server_args.model_path)
+                                             model_path=self.server_args.model_path, tokenizer=tokenizer)
         except BaseException:
             self._backend.shutdown(timeout=2.0)
             raise

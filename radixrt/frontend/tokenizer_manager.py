@@ -65,6 +65,13 @@ logger = logging.getLogger(__name__)
 TOKENIZE_THREADS = 4
 
 
+def load_tokenizer(args: ServerArgs) -> Any:
+    """The served checkpoint's tokenizer (seconds: transformers' imports and the vocabulary)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+
+
 class BackendDied(RuntimeError):
     """A scheduler or worker process exited while the frontend was running."""
 
@@ -88,16 +95,16 @@ class TokenizerManager:
         check_alive: Callable[[], str | None],
         observer: Callable[[ReqState, ReqOutput], None] | None = None,
         model_path: str | None = None,
+        tokenizer: Any | None = None,
     ):
-        """args: with local directories (launcher.prepare_checkpoint); model_path: the checkpoint as
-        the user named it (default args.model_path), which /get_model_info reports."""
-        from transformers import AutoTokenizer
-
+        """args: with local directories (launch/backend.prepare_checkpoint); model_path: the checkpoint
+        as the user named it (default args.model_path), which /get_model_info reports; tokenizer:
+        load_tokenizer(args), when the caller loaded it already (while the processes started)."""
         self.args = args
         self.weights = ServedWeights(model_path or args.model_path, args.model_path, worker.weights_fingerprint,
                                      args.weight_version)
         self._weights_change: WeightsChange | None = None
-        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(args)
         # generation_config.json's sampling values for chat requests that leave them unset (--sampling-defaults)
         self.sampling_defaults = model_sampling_defaults(Path(args.model_path), args.sampling_defaults)
         self.context_length = worker.context_length

@@ -14,7 +14,9 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -124,3 +126,19 @@ class Backend:
                 p.kill()
         self._ctx.destroy(linger=0)
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def start_serving(args: ServerArgs) -> tuple[Backend, Any]:
+    """Node 0's processes, started, and the frontend's tokenizer: loaded in a thread while the
+    processes start (the main thread only waits for their reports then), where it used to take its
+    seconds after them. The processes are stopped if the tokenizer fails to load."""
+    from radixrt.frontend.tokenizer_manager import load_tokenizer
+
+    with ThreadPoolExecutor(1, thread_name_prefix="radixrt-tokenizer") as pool:
+        tokenizer = pool.submit(load_tokenizer, args)
+        backend = Backend(args)  # NOTE: from the main thread (the children die with the thread that started them)
+        try:
+            return backend, tokenizer.result()
+        except BaseException:
+            backend.shutdown(timeout=2.0)
+            raise

@@ -12,10 +12,10 @@ import logging
 import signal
 import socket
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixrt.config import ServerArgs
-from radixrt.launch.backend import Backend
+from radixrt.launch.backend import Backend, start_serving
 from radixrt.launch.ports import bind
 
 if TYPE_CHECKING:
@@ -33,8 +33,8 @@ def run_server(args: ServerArgs, local: ServerArgs) -> int:
     from radixrt.server.uvicorn_server import UvicornServer  # the HTTP stack, imported before any process starts
 
     sock = bind(args.host, args.port)
-    backend = Backend(local)
-    ctx = _server_context(args, local, backend)
+    backend, tokenizer = start_serving(local)
+    ctx = _server_context(args, local, backend, tokenizer)
     server = UvicornServer(ctx)
     try:
         asyncio.run(_serve(server, backend, sock))
@@ -49,7 +49,7 @@ def run_server(args: ServerArgs, local: ServerArgs) -> int:
     return 0
 
 
-def _server_context(args: ServerArgs, local: ServerArgs, backend: Backend) -> ServerContext:
+def _server_context(args: ServerArgs, local: ServerArgs, backend: Backend, tokenizer: Any) -> ServerContext:
     """The TokenizerManager over the started backend, in the context the routes share; the
     backend is stopped if the manager fails to start."""
     from radixrt.frontend.tokenizer_manager import TokenizerManager
@@ -61,7 +61,7 @@ def _server_context(args: ServerArgs, local: ServerArgs, backend: Backend) -> Se
                             args.model_name)
     try:
         manager = TokenizerManager(local, backend.addrs, backend.worker, backend.check_alive, observer=metrics.observe,
-                                   model_path=args.model_path)
+                                   model_path=args.model_path, tokenizer=tokenizer)
     except BaseException:
         backend.shutdown(timeout=2.0)
         raise
