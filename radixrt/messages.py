@@ -42,6 +42,12 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
+class Connected(msgspec.Struct, tag=True):
+    """The scheduler's first message to each rank, sent before it says it is ready: the send
+    returns only once the rank's channel is up, and a rank on another node sees node 0 go away
+    only as the loss of a channel that was up (ipc.Receiver's watch_peer). The ranks ignore it."""
+
+
 class GetStats(msgspec.Struct, tag=True):
     """Ask for the scheduler's counters; answered by a ControlReply."""
 
@@ -230,7 +236,7 @@ class SpotCheck(msgspec.Struct, tag=True):
     live_logprobs: list[float] = []
 
 
-SchedulerToWorker = Union[ForwardBatch, KVMoves, LoadWeights, SpotCheck, Shutdown]
+SchedulerToWorker = Union[ForwardBatch, KVMoves, LoadWeights, SpotCheck, Shutdown, Connected]
 
 # -- the disk tier's page files (the scheduler checks them, the worker writes them) --
 

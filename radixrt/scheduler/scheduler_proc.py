@@ -14,6 +14,7 @@ from radixrt.ipc import Receiver, Sender, Undecodable
 from radixrt.messages import (
     AbortRequest,
     BatchResult,
+    Connected,
     ControlReply,
     FlushCache,
     ForwardBatch,
@@ -71,6 +72,7 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
         sched = Scheduler(SchedulerConfig.of(args), worker, tokenizer)
     except Exception as e:
         startup_failed(ready, "scheduler", e)
+    ranks.send(Connected())  # every rank's channel is up before node 0 says it is ready
     ready.send(SchedulerReady(max_total_tokens=worker.num_pages * worker.page_size))
     while True:
         # Block only when there is nothing to run (a little while when grammars compile); else take what has arrived.

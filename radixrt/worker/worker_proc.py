@@ -11,6 +11,7 @@ import zmq
 from radixrt.config import ServerArgs
 from radixrt.ipc import PeerLost, Receiver, Sender
 from radixrt.messages import (
+    Connected,
     ForwardBatch,
     KVMoves,
     LoadWeights,
@@ -50,6 +51,8 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 
             raise SystemExit(1)
         if isinstance(msg, Shutdown):
             return
+        if isinstance(msg, Connected):  # the scheduler's check that this channel is up
+            continue
         if isinstance(msg, KVMoves):
             runner.move(msg.moves)
             continue
