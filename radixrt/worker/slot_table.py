@@ -46,8 +46,8 @@ class SlotTable:
                                       device=device)
         self.slots = [Slot() for _ in range(slots)]
         self.retention = RetentionSlots(cache, model, self.page_table)
-        # longrope: a request runs under the short or the long rope factors, as the scheduler says
-        self.long_rope = model.rope if model.rope.long_from is not None else None
+        # a longrope model's rope: each request runs under its short or long factors, as the scheduler says
+        self.longrope = model.rope if model.rope.long_from is not None else None
 
     def apply(self, batch: ForwardBatch) -> None:
         """Before the batch's forward: freed slots forgotten, new slots started, the copy-on-write
@@ -84,7 +84,7 @@ class SlotTable:
         token's place in its sequence (retention may have dropped tokens before it), under its
         slot's rope mode. grew: the rope tables were reallocated (recapture CUDA graphs)."""
         positions, grew = self.retention.positions(entries, index, req_of_row)
-        if self.long_rope is not None:  # short or long factors per request
+        if self.longrope is not None:  # short or long factors per request
             long = torch.tensor([self.slots[e.slot].long_rope for e in entries], dtype=torch.bool, device=index.device)
-            positions = self.long_rope.table_rows(positions, long[req_of_row])
+            positions = self.longrope.table_rows(positions, long[req_of_row])
         return positions, grew
