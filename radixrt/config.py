@@ -106,6 +106,18 @@ class ServerArgs:
     chunked_prefill_size: int = _arg(4096, "maximum prompt tokens prefilled per step; -1 disables chunking")
     max_running_requests: int = _arg(256, "maximum requests in the running batch")
     schedule_policy: str = _arg("lpm", "admission order: lpm (longest cached prefix first) or fcfs")
+    radix_eviction_policy: str = _arg(
+        "lru", "the order cached KV pages leave the device pool and the host and disk tiers (always leaves first): "
+        "lru (least recently used), lfu (fewest hits, then least recently used) or cost (hits weighted by what the "
+        "pages cost to recompute, aged greedy-dual style)"
+    )
+    max_pinned_fraction: float = _arg(
+        0.25, "pages that requests may pin with cache_control (kept cached for a TTL), as a fraction of the device "
+        "KV pool plus the host tier; a pin past it is refused with a 400 (0: no pins)"
+    )
+    max_pinned_namespace_fraction: float = _arg(
+        1.0, "the pinned pages one cache namespace (cache_salt) may hold, as a fraction of the pin budget"
+    )
     disable_radix_cache: bool = _arg(False, "do not reuse KV across requests (every prompt is computed in full)")
     chat_template: str | None = _arg(
         None, "the chat template used instead of the tokenizer's own: a Jinja file, or one of SGLang's template names "
@@ -166,6 +178,10 @@ class ServerArgs:
     hicache_size: float = _arg(0.0, "host tier size in GB (0: use hicache_ratio)")
     hicache_dir: str | None = _arg(None, "directory of the disk tier (pages spilled from host memory; kept across restarts)")
     hicache_disk_size: float = _arg(16.0, "disk tier size in GB")
+    hicache_write_policy: str = _arg(
+        "write_through", "when a device page is copied to the host tier: write_through (as soon as it is cached), "
+        "write_through_selective (when a request hits it the second time) or write_back (when it is evicted)"
+    )
     hicache_disk_max_errors: int = _arg(
         8, "disk tier I/O errors in a row after which the disk tier turns itself off (its pages are then recomputed)"
     )
@@ -232,6 +248,14 @@ class ServerArgs:
         self._check_http_limits()
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
+        if self.radix_eviction_policy not in ("lru", "lfu", "cost"):
+            raise ValueError(f"radix_eviction_policy must be lru, lfu or cost, got {self.radix_eviction_policy!r}")
+        if self.hicache_write_policy not in ("write_through", "write_through_selective", "write_back"):
+            raise ValueError("hicache_write_policy must be write_through, write_through_selective or write_back, "
+                             f"got {self.hicache_write_policy!r}")
+        for name in ("max_pinned_fraction", "max_pinned_namespace_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
         self._check_distributed()
         self._check_kv_memory()
         if self.context_length is not None and self.context_length < 2:

@@ -84,7 +84,11 @@ class SchedulerConfig(ConfigView):
     prefill_chunk: int
     schedule_policy: str
     disable_radix_cache: bool
+    radix_eviction_policy: str
+    max_pinned_fraction: float
+    max_pinned_namespace_fraction: float
     enable_hierarchical_cache: bool
+    hicache_write_policy: str
     preemption_mode: str
     swap_min_tokens: int
     retention: Retention

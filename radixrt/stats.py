@@ -38,6 +38,16 @@ class SchedulerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     disk_hit_pages: int
     disk_tier_errors: int
     tier_move_seconds: float
+    unreachable_pages: int
+    cascade_dropped_pages: int
+    pinned_dropped_pages: int
+    # pins (cache_control ttl)
+    pinned_pages: int
+    pin_budget_pages: int
+    pinned_namespaces: int
+    pins_taken: int
+    pins_refused: int
+    pinned_pages_expired: int
     # memory (rank 0's; what `radixrt estimate` predicts)
     worker_rss_bytes: int
     worker_rss_peak_bytes: int

@@ -40,14 +40,22 @@ def test_page_keys_chain_over_the_prefix_and_the_namespace():
     assert all(a != b for a, b in zip(page_keys(other, 16, plain), keys))  # a key covers all earlier tokens
 
 
-def test_tier_index_is_lru_with_reservations():
-    idx = TierIndex(3)
-    for key in "abc":
-        idx.put(key, idx.take_free())
-    idx.get("a")  # a is now the most recently used
-    assert idx.pop_lru()[0] == "b" and idx.num_free == 0
-    idx.discard("c")
-    assert idx.num_free == 1 and "c" not in idx and len(idx) == 1
+def test_tier_index_gives_up_leaves_only_in_the_policy_order_with_reservations():
+    idx = TierIndex(4)
+    idx.put("a", idx.take_free(), None, 0, 4)
+    idx.put("b", idx.take_free(), "a", 4, 4)  # b follows a: a is no leaf while b is here
+    idx.put("c", idx.take_free(), None, 0, 4)
+    idx.get("c")
+    assert idx.victim(False) == "b" and not idx.is_leaf("a")
+    idx.get("b")  # b now the most recently used: c is the oldest leaf
+    assert idx.victim(False) == "c"
+    idx.set_pinned("c", True)  # pinned: after every unpinned leaf, and only when asked
+    assert idx.victim(False) == "b"
+    idx.discard("b")
+    assert idx.is_leaf("a") and idx.victim(False) == "a"
+    idx.discard("a")
+    assert idx.victim(False) is None and idx.victim(True) == "c"
+    assert idx.num_free == 3 and "b" not in idx and len(idx) == 1
 
 
 def kinds(moves: list[KVMove]) -> list[tuple]:
@@ -68,36 +76,61 @@ def execute(t: KVTiers, disk) -> list:
     return kinds(moves)
 
 
-def test_host_spills_to_disk_and_disk_drops_its_oldest(tmp_path):
+def test_host_spills_its_leaves_to_disk_and_disk_drops_its_leaves(tmp_path):
     t = KVTiers(host_pages=2, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=2)
-    t.offload(["k1", "k2"], [10, 11])
-    t.offload(["k3"], [12])  # host full: k1 spills to disk, its slot takes k3
-    t.offload(["k4", "k5"], [13, 14])  # k2 then k3 spill; disk full at k3: k1 is dropped
+    t.offload(["k1", "k2"], [10, 11], None, 0)  # one sequence: k2 follows k1
+    t.offload(["k3"], [12], None, 0)  # host full: its one leaf k2 spills (not k1, the oldest), k3 takes its slot
+    t.offload(["k4", "k5"], [13, 14], None, 0)  # k1 then k3 spill; disk full at k3: its leaf k2 is dropped
     assert execute(t, tmp_path) == [
         (MoveKind.D2H, [10, 11], [0, 1], []),
-        (MoveKind.H2DISK, [0], [], ["k1"]),
-        (MoveKind.D2H, [12], [0], []),
         (MoveKind.H2DISK, [1], [], ["k2"]),
-        (MoveKind.D2H, [13], [1], []),
-        (MoveKind.DROP, [], [], ["k1"]),
-        (MoveKind.H2DISK, [0], [], ["k3"]),
-        (MoveKind.D2H, [14], [0], []),
+        (MoveKind.D2H, [12], [1], []),
+        (MoveKind.H2DISK, [0], [], ["k1"]),
+        (MoveKind.D2H, [13], [0], []),
+        (MoveKind.DROP, [], [], ["k2"]),
+        (MoveKind.H2DISK, [1], [], ["k3"]),
+        (MoveKind.D2H, [14], [1], []),
     ]
-    assert t.hits(["k2", "k3", "k4", "k1"]) == 3
-    t.load(["k2", "k5"], [20, 21])  # k2 from disk, k5 from host
-    assert kinds(t.take_moves()) == [(MoveKind.DISK2D, [], [20], ["k2"]), (MoveKind.H2D, [0], [21], [])]
+    assert t.hits(["k1", "k2"]) == 1 and t.hits(["k3"]) == 1 and t.hits(["k4", "k5"]) == 2
+    t.load(["k1", "k5"], [20, 21])  # k1 from disk, k5 from host
+    assert kinds(t.take_moves()) == [(MoveKind.DISK2D, [], [20], ["k1"]), (MoveKind.H2D, [1], [21], [])]
     assert t.stats()["disk_hit_pages"] == 1 and t.stats()["host_hit_pages"] == 1
+    assert t.stats()["unreachable_pages"] == 0
 
 
-def test_disk_pages_of_an_earlier_run_are_found_and_a_removed_file_is_recomputed(tmp_path):
-    old, mid, new = page_keys([1, 2, 3], 1, DEFAULT_NAMESPACE.encoded)  # the disk tier adopts files named by page keys
-    for key in (old, mid, new):
+def test_a_page_held_nowhere_takes_the_pages_after_it_along():
+    t = KVTiers(host_pages=3, cache_on_host=True)
+    on_device = {"a"}
+    t.on_device = on_device.__contains__
+    t.offload(["b", "c"], [1, 2], "a", 4)  # a stays on the device: b and c are reachable through it
+    assert t.unreachable() == []
+    t.offload(["x"], [3], None, 0)
+    t.offload(["y"], [4], None, 0)  # host full: its leaves are c (oldest) and x; c goes, b stays
+    assert t.hits(["b", "c"]) == 1
+    on_device.discard("a")
+    t.offload(["a"], [0], None, 0)  # a leaves the device for host: the one slot left is a leaf's (b's or x's)
+    assert t.unreachable() == [] and t.hits(["a", "b"]) in (1, 2)
+    t2 = KVTiers(host_pages=3, cache_on_host=True)
+    t2.on_device = {"a"}.__contains__
+    t2.offload(["b", "c"], [1, 2], "a", 4)
+    t2.on_device = set().__contains__  # a was dropped from the device without going down (a partial page, say)
+    t2.offload([], [], None, 0)  # nothing goes down...
+    assert sorted(t2.unreachable()) == ["b", "c"]  # ... so b and c are unreachable until a sweep
+    assert t2.sweep() == 2 and t2.unreachable() == [] and len(t2.host) == 0
+
+
+def test_disk_pages_of_an_earlier_run_come_back_in_prefix_order_and_a_removed_file_is_recomputed(tmp_path):
+    first, second, third = page_keys([1, 2, 3], 1, DEFAULT_NAMESPACE.encoded)  # files named by page keys
+    (orphan,) = page_keys([7, 8], 1, DEFAULT_NAMESPACE.encoded)[1:]  # its first page is not on disk
+    for key in (third, second, first, orphan):  # written deepest first: the newest files are the first pages
         (tmp_path / disk_page_name(key)).write_bytes(b"x")
-    t = KVTiers(host_pages=2, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=2)  # room for two: the oldest goes
-    assert kinds(t.take_moves()) == [(MoveKind.DROP, [], [], [old])] and t.stats()["disk_cached_pages"] == 2
-    (tmp_path / disk_page_name(mid)).unlink()  # removed behind the server's back
-    assert t.hits([new, mid]) == 1 and t.hits([mid]) == 0 and t.stats()["disk_cached_pages"] == 1
-    t.offload(["a", "b", "c"], [1, 2, 3])  # a spills to disk: its write is pending, it still counts
+    t = KVTiers(host_pages=2, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=2)  # room for two
+    assert kinds(t.take_moves()) == [(MoveKind.DROP, [], [], [third, orphan])]  # the end of the chain, and the orphan
+    assert t.disk.keys() == [first, second] and t.disk.parent(second) == first
+    (tmp_path / disk_page_name(first)).unlink()  # removed behind the server's back: second goes with it
+    assert t.hits([first, second]) == 0 and t.stats()["disk_cached_pages"] == 0
+    assert kinds(t.take_moves()) == [(MoveKind.DROP, [], [], [first, second])]
+    t.offload(["a", "b", "c"], [1, 2, 3], None, 0)  # c spills to disk: its write is pending, it still counts
     assert t.hits(["a", "b", "c"]) == 3
 
 
@@ -105,25 +138,24 @@ def test_all_pages_of_one_namespace_are_dropped_from_host_and_disk(tmp_path):
     a, b = CacheNamespace(salt="ab", extra_key="c"), CacheNamespace(salt="a", extra_key="bc")  # "abc" both, joined
     tokens = list(range(16))
     ka, kb = page_keys(tokens, 4, a.encoded), page_keys(tokens, 4, b.encoded)
-    t = KVTiers(host_pages=4, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=8)
-    t.offload(ka, [0, 1, 2, 3])
-    t.offload(kb, [4, 5, 6, 7])  # a's pages spill to disk, b's take host memory
-    slots = t.swap_out([9])  # spills b's first page; a swapped request's slot is no namespace's
-    t.offload(ka[:1], [0])  # a's first page back in host memory (and still on disk); b's second spills
+    t = KVTiers(host_pages=4, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=8, page_size=4)
+    t.offload(ka, [0, 1, 2, 3], None, 0)
+    t.offload(kb, [4, 5, 6, 7], None, 0)  # a's pages spill to disk, deepest first; b's take host memory
+    slots = t.swap_out([9])  # spills b's last page; a swapped request's slot is no namespace's
     execute(t, tmp_path)
-    assert t.drop_namespace(a) == 1 + 4  # one page in host memory, four on disk
-    assert execute(t, tmp_path) == [(MoveKind.DROP, [], [], ka)]  # their files go
-    assert sorted(f.name for f in tmp_path.iterdir()) == sorted(disk_page_name(k) for k in kb[:2])
+    assert t.drop_namespace(a) == 4
+    assert sorted(execute(t, tmp_path)[0][3]) == sorted(ka)  # their files go
+    assert sorted(f.name for f in tmp_path.iterdir()) == [disk_page_name(kb[3])]
     assert t.hits(ka) == 0 and t.hits(kb) == 4  # b's pages stay wherever they were
-    assert t.disk.keys() == kb[:2] and t.host.keys_of(b.encoded) == kb[2:] and t.host.keys_of(a.encoded) == []
+    assert t.disk.keys() == kb[3:] and t.host.keys_of(b.encoded) == kb[:3] and t.host.keys_of(a.encoded) == []
     assert t.drop_namespace(a) == 0 and t.take_moves() == []
     t.swap_in(slots, [9])  # the reserved slot was not freed under the swapped request
-    assert t.stats()["host_swap_pages"] == 0
+    assert t.stats()["host_swap_pages"] == 0 and t.stats()["unreachable_pages"] == 0
 
 
 def test_disk_page_files_of_an_older_key_format_are_removed_never_adopted(tmp_path, caplog):
     (current,) = page_keys(list(range(4)), 4, DEFAULT_NAMESPACE.encoded)
-    old = "0123456789abcdef0123456789abcdef"  # an unnamespaced key, as earlier versions named files
+    old = "0123456789abcdef-0123456789abcdef0123456789abcdef"  # namespaced, without a parent ref (before issue 33)
     for name in (disk_page_name(old), disk_page_name(old, rank=1), disk_page_name(current)):
         (tmp_path / name).write_bytes(b"x")
     with caplog.at_level("WARNING"):
@@ -135,16 +167,63 @@ def test_disk_page_files_of_an_older_key_format_are_removed_never_adopted(tmp_pa
 
 def test_swap_reserves_host_slots_that_the_cache_cannot_take():
     t = KVTiers(host_pages=3, cache_on_host=True)
-    t.offload(["a", "b"], [1, 2])
-    slots = t.swap_out([5, 6])  # takes the free slot, then evicts the LRU cached page (no disk: dropped)
-    assert sorted(slots) == [0, 2] and t.hits(["a"]) == 0 and t.hits(["b"]) == 1
-    t.offload(["c"], [7])  # the one unreserved slot is b's: b goes, c comes
-    assert t.hits(["b"]) == 0 and t.hits(["c"]) == 1
+    t.offload(["a", "b"], [1, 2], None, 0)
+    slots = t.swap_out([5, 6])  # takes the free slot, then the leaf b's (no disk: dropped; a stays reachable)
+    assert sorted(slots) == [1, 2] and t.hits(["a", "b"]) == 1
+    t.offload(["c"], [7], None, 0)  # the one unreserved slot is a's: a goes, c comes
+    assert t.hits(["a"]) == 0 and t.hits(["c"]) == 1
     assert t.swap_out([1, 2, 3]) is None  # only one slot is not reserved
     t.take_moves()
     t.swap_in(slots, [8, 9])
     assert kinds(t.take_moves()) == [(MoveKind.H2D, slots, [8, 9], [])]
     assert t.stats()["host_swap_pages"] == 0
+
+
+def test_pinned_pages_go_last_spill_but_are_never_dropped(tmp_path):
+    t = KVTiers(host_pages=2, cache_on_host=True)
+    t.pinned = {"p"}
+    t.offload(["p"], [1], None, 0)
+    t.offload(["u"], [2], None, 0)
+    t.offload(["v"], [3], None, 0)  # host full: u goes, though p is older
+    assert t.hits(["p"]) == 1 and t.hits(["u"]) == 0
+    t.pinned = {"p", "v"}
+    t.set_pinned("v", True)
+    t.offload(["w"], [4], None, 0)  # only pinned pages left and no disk: w is not kept, nothing is dropped
+    assert t.hits(["p"]) == 1 and t.hits(["v"]) == 1 and t.hits(["w"]) == 0
+    d = KVTiers(host_pages=1, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=1)
+    d.pinned = {"p"}
+    d.offload(["p"], [1], None, 0)
+    d.offload(["u"], [2], None, 0)  # a disk below: the pinned page spills to it
+    assert d.disk.keys() == ["p"] and d.host.keys() == ["u"]
+    d.offload(["v"], [3], None, 0)  # the disk holds only a pinned page: u cannot go there, and is dropped
+    assert d.disk.keys() == ["p"] and d.host.keys() == ["v"]
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
+def test_each_write_policy_writes_to_host_when_sglang_does(policy):
+    from radixrt.scheduler.kv_memory import KVMemory
+    from radixrt.scheduler.req import Req
+    from radixrt.sampling_params import SamplingParams
+
+    mem = KVMemory(16, 4, tiers=KVTiers(8, True, page_size=4, write_policy=policy))
+
+    def run(rid: str) -> Req:
+        r = Req(rid, list(range(9)), SamplingParams(max_new_tokens=1))
+        m = mem.match(r)
+        assert mem.admit(r, m, r.prompt_len - m.matched_len, 0)
+        mem.grow(r, r.prompt_len - r.kv.kv_len)
+        mem.advance(r, r.prompt_len - r.kv.kv_len)
+        mem.release(r)
+        return r
+
+    written = []
+    for rid in ("first", "second", "third"):
+        run(rid)
+        written.append(mem.tiers.counters["pages_d2h"])
+    # write_through: the two full pages as soon as they are cached; selective: at the second hit (the third
+    # request's match); write_back: only on eviction, which never happens here
+    assert written == {"write_through": [2, 2, 2], "write_through_selective": [0, 0, 2], "write_back": [0, 0, 0]}[policy]
+    assert mem.tiers.stats()["unreachable_pages"] == 0
 
 
 def test_the_worker_store_runs_every_move_kind_on_whole_pages(tmp_path):

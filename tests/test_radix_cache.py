@@ -226,8 +226,8 @@ def test_both_caches_keep_the_whole_prefix_cache_contract():
             got = inspect.signature(getattr(type(impl), name)).parameters
             assert list(got) == list(want), (type(impl).__name__, name)
             assert [p.default for p in got.values()] == [p.default for p in want.values()], (type(impl).__name__, name)
-        for attr in PrefixCache.__annotations__:
-            assert isinstance(getattr(impl, attr), int), (type(impl).__name__, attr)
+        for attr, kind in PrefixCache.__annotations__.items():
+            assert isinstance(getattr(impl, attr), dict if kind.startswith("dict") else int), (type(impl).__name__, attr)
     off = NoPrefixCache(4)
     assert off.insert([1, 2, 3, 4, 5], [7, 8]).existing_pages == 2  # keeps nothing: both pages stay the caller's
     assert off.match_prefix([1, 2, 3, 4, 5]).matched_len == 0 and list(off.sequences()) == []

@@ -23,7 +23,7 @@ DRIVER = "radixrt/scheduler/step.py"
 # their unit tests hand moves on inside the scheduler package.
 MAY_STEP = {DRIVER, "tests/test_scheduler.py"}
 MAY_TAKE_MOVES = {"radixrt/scheduler/scheduler.py", "radixrt/scheduler/kv_memory.py", "tests/test_kv_tiers.py",
-                  "tests/test_disk_tier_faults.py"}
+                  "tests/test_disk_tier_faults.py", "tests/test_tier_prefix_property.py"}
 
 
 def stepping_calls(source: str) -> list[tuple[int, str]]:

@@ -18,12 +18,17 @@ class NoPrefixCache:
         self.total_pages = 0
         self.evictable_pages = 0
         self.evicted_pages = 0
+        self.by_key: dict[str, Node] = {}
 
     def match_prefix(self, tokens: list[int], namespace: Hashable = None, touch: bool = True) -> MatchResult:
         return MatchResult([], self._root, self.page_size)
 
-    def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None) -> InsertResult:
+    def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None,
+               keys: list[str] | None = None) -> InsertResult:
         return InsertResult(self._root, len(pages), [])
+
+    def set_pinned(self, node: Node, pinned: bool) -> None:
+        pass
 
     def lock(self, node: Node) -> None:
         pass

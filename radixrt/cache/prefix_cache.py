@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterator, Protocol
 
+from radixrt.cache.eviction import Stamp
+
 
 @dataclass(eq=False)
 class Node:
@@ -23,8 +25,15 @@ class Node:
     parent: Node | None
     children: dict[tuple[int, ...], Node] = field(default_factory=dict)  # by first page of their key
     lock_ref: int = 0  # running requests whose locked path passes through here
-    last_access: int = 0
+    stamp: Stamp = field(default_factory=Stamp)  # the eviction policy's state (cache/eviction.py)
     id: int = 0
+    start: int = 0  # tokens from the root to the start of key
+    keys: list[str] = field(default_factory=list)  # content keys of its full pages, when the caller gave them
+    pinned: bool = False  # ordered after every unpinned leaf (a pinned prompt's pages: see KVMemory)
+
+    @property
+    def last_access(self) -> int:
+        return self.stamp.last_access
 
     @property
     def is_leaf(self) -> bool:
@@ -71,6 +80,7 @@ class PrefixCache(Protocol):
     total_pages: int
     evictable_pages: int
     evicted_pages: int
+    by_key: dict[str, Node]  # the node holding each full page whose content key insert was given
 
     def match_prefix(self, tokens: list[int], namespace: Hashable = None, touch: bool = True) -> MatchResult:
         """The longest cached page-aligned prefix of tokens, plus a partial next page.
@@ -83,8 +93,10 @@ class PrefixCache(Protocol):
         never pinned: copy it before anything can be evicted)."""
         ...
 
-    def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None) -> InsertResult:
-        """Add tokens, whose KV is in pages (ceil(len(tokens) / page_size) of them).
+    def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None,
+               keys: list[str] | None = None) -> InsertResult:
+        """Add tokens, whose KV is in pages (ceil(len(tokens) / page_size) of them); keys, if
+        given, are the content keys of tokens' full pages (new nodes keep theirs, in by_key).
 
         Ownership: the cache takes the pages of tokens it did not hold; the caller
         keeps the first existing_pages pages and returns released_pages to the
@@ -101,9 +113,13 @@ class PrefixCache(Protocol):
         ...
 
     def evict(self, num_pages: int, sink: Callable[[Node], None] | None = None) -> list[int]:
-        """Give up at least num_pages unpinned pages (fewer if fewer are evictable),
-        least recently used leaves first; the caller frees the returned pages.
+        """Give up at least num_pages unlocked pages (fewer if fewer are evictable), leaves
+        only, in the eviction policy's order with pinned leaves last; the caller frees the returned pages.
         sink, if given, sees each leaf before it leaves (to keep its KV in a lower tier)."""
+        ...
+
+    def set_pinned(self, node: Node, pinned: bool) -> None:
+        """Order node among the last leaves to go (pinned) or by the policy alone (not)."""
         ...
 
     def forget(self, pages: set[int]) -> list[int]:

@@ -22,17 +22,21 @@ from typing import Callable, Hashable, Iterator
 
 from sortedcontainers import SortedList
 
+from radixrt.cache.eviction import EvictionOrder, Stamp
 from radixrt.cache.prefix_cache import InsertResult, MatchResult, Node
 
 
 class RadixCache:
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, order: EvictionOrder | None = None) -> None:
         self.page_size = page_size
+        self.order = order or EvictionOrder()
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
         self.roots: dict[Hashable, Node] = {}
         self._namespace_of: dict[int, Hashable] = {}  # root id -> namespace
-        self._leaves = SortedList(key=lambda n: (n.last_access, n.id))  # evictable leaves, LRU first
+        # evictable leaves, first to go first: unpinned before pinned, then in the policy's order
+        self._leaves = SortedList(key=lambda n: (n.pinned, self.order.key(n.stamp), n.id))
+        self.by_key: dict[str, Node] = {}  # content key of a full page (insert's keys) -> its node
         self.total_pages = 0
         self.evictable_pages = 0  # pages of nodes with lock_ref == 0
         self.evicted_pages = 0  # lifetime counter
@@ -66,21 +70,21 @@ class RadixCache:
     def match_prefix(self, tokens: list[int], namespace: Hashable = None, touch: bool = True) -> MatchResult:
         """The longest cached page-aligned prefix of tokens, plus a partial next page
         (what it mutates and how long the result is valid: see PrefixCache)."""
-        node, pos, pages = self._descend(self.root(namespace), tokens, next(self._clock) if touch else None)
+        node, pos, pages = self._descend(self.root(namespace), tokens, next(self._clock) if touch else None, hit=True)
         partial_page, partial_len = self._best_partial(node, tokens[pos : pos + self.page_size])
         return MatchResult(pages, node, self.page_size, partial_page, partial_len)
 
-    def _descend(self, node: Node, tokens: list[int], now: int | None) -> tuple[Node, int, list[int]]:
+    def _descend(self, node: Node, tokens: list[int], now: int | None, hit: bool = False) -> tuple[Node, int, list[int]]:
         """Follow tokens down from node through whole matching pages, splitting the last
-        node where the match ends inside its edge; touch the path at `now` unless None.
-        Returns the deepest node reached, the tokens matched and their pages."""
+        node where the match ends inside its edge; touch the path at `now` unless None (a hit:
+        a request reads it). Returns the deepest node reached, the tokens matched and their pages."""
         pos, pages = 0, []
         while (child := self._full_child(node, tokens, pos)) is not None:
             k = self._equal_pages(child.key, tokens, pos)
             if k < len(child.pages):
                 child = self._split(child, k)
             if now is not None:
-                self._touch(child, now)
+                self._touch(child, now, hit)
             pages += child.pages
             node, pos = child, pos + len(child.key)
         return node, pos, pages
@@ -110,11 +114,14 @@ class RadixCache:
 
     # -- insertion -------------------------------------------------------------
 
-    def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None) -> InsertResult:
+    def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None,
+               keys: list[str] | None = None) -> InsertResult:
         """Add tokens (with their pages) to the tree; the tree keeps what it did not have
-        (ownership: see PrefixCache.insert)."""
+        (ownership: see PrefixCache.insert). keys: the content keys of tokens' full pages
+        (cache/tier_index.page_keys), kept on the nodes and in by_key; None: none kept."""
         ps = self.page_size
         assert len(pages) == -(-len(tokens) // ps), "pages must cover tokens exactly"
+        assert keys is None or len(keys) >= len(tokens) // ps, "keys must cover every full page"
         now = next(self._clock)
         node, pos, matched = self._descend(self.root(namespace), tokens, now)
         existing = len(matched)
@@ -122,7 +129,8 @@ class RadixCache:
         aligned = len(tokens) // ps * ps
         if pos < aligned:
             released += self._drop_partial_prefixes_of(node, tokens[pos : pos + ps])
-            node = self._add_child(node, tokens[pos:aligned], pages[pos // ps : aligned // ps], now)
+            node = self._add_child(node, tokens[pos:aligned], pages[pos // ps : aligned // ps], now,
+                                   keys[pos // ps : aligned // ps] if keys is not None else [])
             pos = aligned
         if pos < len(tokens):
             tail = tokens[pos:]
@@ -141,8 +149,11 @@ class RadixCache:
                 out += self._remove_leaf(child)
         return out
 
-    def _add_child(self, parent: Node, key: list[int], pages: list[int], now: int) -> Node:
-        node = Node(key, pages, parent, last_access=now, id=next(self._ids))
+    def _add_child(self, parent: Node, key: list[int], pages: list[int], now: int, keys: list[str] = ()) -> Node:
+        node = Node(key, pages, parent, id=next(self._ids), start=parent.start + len(parent.key), keys=list(keys))
+        self.order.touch(node.stamp, now, node.start, len(key), hit=False)
+        for k in node.keys:
+            self.by_key[k] = node
         if parent.is_leaf:
             self._leaves.discard(parent)
         parent.children[tuple(key[: self.page_size])] = node
@@ -155,20 +166,37 @@ class RadixCache:
         """Cut child after k pages; returns the new upper node (which has child below it)."""
         ps = self.page_size
         upper = Node(child.key[: k * ps], child.pages[:k], child.parent, lock_ref=child.lock_ref,
-                     last_access=child.last_access, id=next(self._ids))
+                     stamp=Stamp(**vars(child.stamp)), id=next(self._ids), start=child.start,
+                     keys=child.keys[:k], pinned=child.pinned)
+        for key in upper.keys:
+            self.by_key[key] = upper
         child.parent.children[tuple(child.key[:ps])] = upper
+        in_set = child in self._leaves  # its start changes: the cost policy's key may too
+        if in_set:
+            self._leaves.remove(child)
         child.key, child.pages, child.parent = child.key[k * ps :], child.pages[k:], upper
+        child.keys, child.start = child.keys[k:], child.start + k * ps
+        if in_set:
+            self._leaves.add(child)
         upper.children[tuple(child.key[:ps])] = child
         return upper
 
-    def _touch(self, node: Node, now: int) -> None:
-        # NOTE: the SortedList finds a node by its (last_access, id): remove before changing it.
+    def _touch(self, node: Node, now: int, hit: bool = False) -> None:
+        self._restamp(node, lambda: self.order.touch(node.stamp, now, node.start, len(node.key), hit))
+
+    def _restamp(self, node: Node, change: Callable[[], None]) -> None:
+        # NOTE: the SortedList finds a node by its sort key: remove it before the key changes.
         in_set = node in self._leaves
         if in_set:
             self._leaves.remove(node)
-        node.last_access = now
+        change()
         if in_set:
             self._leaves.add(node)
+
+    def set_pinned(self, node: Node, pinned: bool) -> None:
+        """Order node after (pinned) or among (not) every unpinned leaf; it stays evictable."""
+        if node.pinned != pinned:
+            self._restamp(node, lambda: setattr(node, "pinned", pinned))
 
     # -- pinning -----------------------------------------------------------------
 
@@ -198,9 +226,11 @@ class RadixCache:
         sink, if given, sees each leaf before it leaves the tree (to keep its KV elsewhere)."""
         freed: list[int] = []
         while len(freed) < num_pages and self._leaves:
+            leaf = self._leaves[0]
             if sink is not None:
-                sink(self._leaves[0])
-            freed += self._remove_leaf(self._leaves[0])
+                sink(leaf)
+            self.order.evicted(leaf.stamp)
+            freed += self._remove_leaf(leaf)
         self.evicted_pages += len(freed)
         return freed
 
@@ -208,6 +238,8 @@ class RadixCache:
         parent = leaf.parent
         assert parent is not None and leaf.is_leaf and leaf.lock_ref == 0
         self._leaves.discard(leaf)
+        for key in leaf.keys:
+            del self.by_key[key]
         del parent.children[tuple(leaf.key[: self.page_size])]
         self.total_pages -= len(leaf.pages)
         self.evictable_pages -= len(leaf.pages)
@@ -247,6 +279,7 @@ class RadixCache:
         pages = self.evict(self.total_pages)
         self.roots.clear()
         self._namespace_of.clear()
+        assert not self.by_key
         return pages
 
 

@@ -14,32 +14,54 @@ still owns.
 With KVTiers (the hierarchical cache, or swap preemption), evicted cache leaves
 keep their KV in host memory or on disk, a match that stops in the tree goes on
 into those tiers and loads what they hold, and a retracted request may park
-its pages in host memory.
+its pages in host memory. With the hierarchical cache the tree's nodes carry their
+pages' content keys, so the tiers know what the device holds (prefix order across tiers).
+
+Pins (a request's cache_control ttl; cache/pins.py): with a host tier to move down to,
+a pinned page is evicted last and only downwards; without one, its node stays locked on
+the device until the TTL ends.
 
 Invariant: allocator free + cache total + every request's owned pages == pool.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import math
 
 from radixrt.cache import MatchResult, NoPrefixCache, Node, PageAllocator, PrefixCache, RadixCache
-from radixrt.cache.tier_index import page_keys
+from radixrt.cache.eviction import EvictionOrder
+from radixrt.cache.pins import PinTable
+from radixrt.cache.tier_index import namespace_id, page_keys
 from radixrt.messages import KVMove, Retain
 from radixrt.retention import drop_plan
-from radixrt.scheduler.kv_tiers import KVTiers, no_tier_stats
+from radixrt.scheduler.kv_tiers import SELECTIVE_HITS, KVTiers, no_tier_stats
 from radixrt.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 
 
 class KVMemory:
-    def __init__(self, num_pages: int, page_size: int, use_cache: bool = True, tiers: KVTiers | None = None) -> None:
+    def __init__(self, num_pages: int, page_size: int, use_cache: bool = True, tiers: KVTiers | None = None,
+                 order: EvictionOrder | None = None, pinned_fraction: float = 0.0,
+                 pinned_namespace_fraction: float = 1.0) -> None:
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
-        self.cache: PrefixCache = RadixCache(page_size) if use_cache else NoPrefixCache(page_size)
+        self.cache: PrefixCache = RadixCache(page_size, order) if use_cache else NoPrefixCache(page_size)
         self.tiers = tiers
+        self.keyed = tiers is not None and tiers.cache_on_host  # tree nodes carry content keys
+        below = tiers.host.capacity if self.keyed else 0
+        capacity = int(pinned_fraction * (num_pages + below)) if use_cache else 0
+        if self.keyed:  # every pinned page must fit below the device when it moves down
+            capacity = min(capacity, below + (tiers.disk.capacity if tiers.disk is not None else 0))
+        self.pins = PinTable(capacity, int(pinned_namespace_fraction * capacity))
+        self._pin_locks: list[tuple[float, int, Node]] = []  # (until, seq, node): device locks of pins (no tiers)
+        self._seq = itertools.count()
+        if tiers is not None:
+            tiers.on_device = self.cache.by_key.__contains__
+            tiers.pinned = self.pins.until.keys()
         self.copy_src: list[int] = []  # slot copies for the next batch (copy-on-write)
         self.copy_dst: list[int] = []
 
@@ -57,7 +79,15 @@ class KVMemory:
     def match(self, r: Req) -> MatchResult:
         """r's reusable prefix in the tree. Nothing is pinned: the result is good until the
         next allocation, so pass it to admit() before allocating anything."""
-        return self.cache.match_prefix(r.tokens(0, r.match_limit), r.namespace)
+        m = self.cache.match_prefix(r.tokens(0, r.match_limit), r.namespace)
+        if self.keyed and self.tiers.write_policy == "write_through_selective":
+            node = m.node
+            while node.parent is not None:  # the nodes this hit took to the threshold go to host now
+                if node.stamp.hits == SELECTIVE_HITS and node.keys:
+                    self.tiers.offload(node.keys, node.pages, _last_key(node.parent), node.start, node.stamp.hits,
+                                       write=True)
+                node = node.parent
+        return m
 
     def prefix_len(self, r: Req) -> int:
         """Tokens of r the cache holds now, in the tree or below it, without touching LRU order (for the policy)."""
@@ -69,14 +99,18 @@ class KVMemory:
 
     def _tier_keys(self, r: Req, start: int) -> list[str]:
         """Content keys of r's full pages from page `start` up to its match limit; [] without a host tier cache."""
-        if self.tiers is None or not self.tiers.cache_on_host:
-            return []
         full = r.match_limit // self.page_size
-        if full <= start:
+        if not self.keyed or full <= start:
             return []
+        return self._keys(r, full)[start:]
+
+    def _keys(self, r: Req, full: int) -> list[str]:
+        """Content keys of r's first `full` pages (worked out once per request, extended as it grows)."""
         kv = r.kv
-        kv.page_keys = page_keys(r.tokens(0, full * self.page_size), self.page_size, r.namespace.encoded, kv.page_keys)
-        return kv.page_keys[start:full]
+        if len(kv.page_keys) < full or (kv.page_keys and kv.page_keys[0][:16] != namespace_id(r.namespace.encoded)):
+            kv.page_keys = page_keys(r.tokens(0, full * self.page_size), self.page_size, r.namespace.encoded,
+                                     kv.page_keys)
+        return kv.page_keys[:full]
 
     def admit(self, r: Req, m: MatchResult, n: int, reserve: int) -> bool:
         """Start r's page table from its match m (fresh from match(r)) if the pages to run its
@@ -164,11 +198,8 @@ class KVMemory:
 
     def _offload(self, leaf: Node) -> None:
         """An evicted leaf's full pages go down a tier (a partial leaf is only dropped)."""
-        if len(leaf.key) % self.page_size:
-            return
-        namespace, tokens = self.cache.sequence_of(leaf)
-        keys = page_keys(tokens, self.page_size, namespace.encoded)
-        self.tiers.offload(keys[len(keys) - len(leaf.pages) :], leaf.pages)
+        if len(leaf.keys) == len(leaf.pages):
+            self.tiers.offload(leaf.keys, leaf.pages, _last_key(leaf.parent), leaf.start, leaf.stamp.hits)
 
     def _extend_from_tiers(self, r: Req, m: MatchResult, max_pages: int) -> MatchResult:
         """Go on from a locked tree match into the lower tiers: load (up to max_pages of) the
@@ -185,7 +216,9 @@ class KVMemory:
         if n == 0:
             return m
         self.tiers.load(keys[:n], pages[:n])
-        res = self.cache.insert(r.tokens(0, (start + n) * ps), m.pages + pages[:n], r.namespace)
+        res = self.cache.insert(r.tokens(0, (start + n) * ps), m.pages + pages[:n], r.namespace,
+                                self._keys(r, start + n))
+        self._flag_pins(res.node)
         assert res.existing_pages == start, "the tree gained pages under a locked match"
         self.allocator.free(res.released_pages)
         self.cache.lock(res.node)
@@ -226,13 +259,12 @@ class KVMemory:
         """At shutdown: the moves that write every cached page to the disk tier."""
         if self.tiers is None:
             return []
-        known: dict[int, list[str]] = {}
-        device: list[tuple[str, int]] = []
-        for namespace, tokens, node in self.cache.sequences():  # parents first
-            if len(node.key) % self.page_size:
-                continue  # a partial page has no key
-            keys = known[node.id] = page_keys(tokens, self.page_size, namespace.encoded, known.get(node.parent.id))
-            device += zip(keys[len(keys) - len(node.pages) :], node.pages)
+        device: list[tuple[str, str | None, int, int]] = []
+        for _, _, node in self.cache.sequences():  # parents first
+            parent = _last_key(node.parent)
+            for i, (key, page) in enumerate(zip(node.keys, node.pages)):
+                device.append((key, parent, node.start + i * self.page_size, page))
+                parent = key
         self.tiers.persist(device)
         return self.take_moves()
 
@@ -241,6 +273,8 @@ class KVMemory:
         cached after them. Release the requests that read them first (a pinned one is a bug)."""
         if pages:
             self.allocator.free(self.cache.forget(pages))
+            if self.tiers is not None:
+                self.tiers.sweep()  # pages below only the forgotten ones reached
 
     def take_copies(self) -> tuple[list[int], list[int]]:
         out = (self.copy_src, self.copy_dst)
@@ -265,14 +299,21 @@ class KVMemory:
         kv.pages = kv.pages[:kept]
         if kv.kv_len > 0 and not kv.dropped:  # KV computed after a drop never goes to the cache
             self._insert(r, kv.kv_len)
+            if r.pin_ttl is not None and not self.keyed and self.pins.capacity:
+                self._lock_pin(r)
         self.allocator.free(kv.owned_pages + extra)
         if kv.lock_node is not None:
             self.cache.unlock(kv.lock_node)
         kv.reset()
 
     def _insert(self, r: Req, n_tokens: int) -> None:
-        kv, n_pages = r.kv, math.ceil(n_tokens / self.page_size)
-        res = self.cache.insert(r.tokens(0, n_tokens), kv.pages[:n_pages], r.namespace)
+        kv, n_pages, full = r.kv, math.ceil(n_tokens / self.page_size), n_tokens // self.page_size
+        keys = self._keys(r, full) if self.keyed else None
+        res = self.cache.insert(r.tokens(0, n_tokens), kv.pages[:n_pages], r.namespace, keys)
+        if keys is not None and res.existing_pages < full:  # pages new to the tree
+            self._flag_pins(res.node)
+            if self.tiers.write_policy == "write_through":
+                self._write_through_new(r, keys, res.existing_pages, full)
         # Pages the cache already had stay ours (we still read them); the rest are now the cache's.
         if res.existing_pages > kv.tree_pages:
             kv.dup_pages += kv.pages[kv.tree_pages : res.existing_pages]
@@ -283,9 +324,65 @@ class KVMemory:
             self.cache.unlock(kv.lock_node)
         kv.lock_node = res.node
 
+    def _write_through_new(self, r: Req, keys: list[str], first: int, full: int) -> None:
+        """Pages first..full-1 of r just entered the tree: copy them to host memory (write_through)."""
+        self.tiers.offload(keys[first:full], r.kv.pages[first:full], keys[first - 1] if first else None,
+                           first * self.page_size, self.cache.by_key[keys[first]].stamp.hits, write=True)
+
+    # -- pins ---------------------------------------------------------------------------
+
+    def pin_refusal(self, r: Req) -> str | None:
+        """Why r's pin (its cache_control ttl) passes a budget; None: it fits (or r pins nothing)."""
+        if r.pin_ttl is None:
+            return None
+        if self.pins.capacity == 0:
+            return ("cache_control: this server takes no pins (--max-pinned-fraction is 0"
+                    + (", or the radix cache is off)" if isinstance(self.cache, NoPrefixCache) else ")"))
+        keys = self._keys(r, r.prompt_len // self.page_size)
+        why = self.pins.refusal(keys, namespace_id(r.namespace.encoded))
+        self.pins.pins_refused += why is not None
+        return why
+
+    def pin(self, r: Req, now: float) -> None:
+        """Pin r's prompt pages until now + its ttl (pin_refusal said it fits), wherever they are now
+        or will be. Without a host tier the pages are locked on the device when r leaves (release)."""
+        keys = self._keys(r, r.prompt_len // self.page_size)
+        for key in self.pins.pin(keys, namespace_id(r.namespace.encoded), now + r.pin_ttl):
+            if key in self.cache.by_key:
+                self.cache.set_pinned(self.cache.by_key[key], True)
+            if self.tiers is not None:
+                self.tiers.set_pinned(key, True)
+
+    def _flag_pins(self, node: Node) -> None:
+        """Order node (and the nodes above it) among the pinned leaves if they hold a pinned page."""
+        while node.parent is not None and node.keys:
+            self.cache.set_pinned(node, any(key in self.pins for key in node.keys))
+            node = node.parent
+
+    def _lock_pin(self, r: Req) -> None:
+        """No host tier: r's pinned prompt pages stay on the device, locked, until the pin ends."""
+        keys = self._keys(r, r.prompt_len // self.page_size)
+        m = self.cache.match_prefix(r.tokens(0, len(keys) * self.page_size), r.namespace, touch=False)
+        if m.pages and keys:
+            self.cache.lock(m.node)
+            heapq.heappush(self._pin_locks, (self.pins.until.get(keys[-1], 0.0), next(self._seq), m.node))
+
+    def expire_pins(self, now: float) -> None:
+        """Pins that ended by now: their pages are ordinary cache pages again."""
+        for key in self.pins.expire(now):
+            if key in self.cache.by_key:
+                self._flag_pins(self.cache.by_key[key])
+            if self.tiers is not None:
+                self.tiers.set_pinned(key, False)
+        while self._pin_locks and self._pin_locks[0][0] <= now:
+            self.cache.unlock(heapq.heappop(self._pin_locks)[2])
+
     def flush(self) -> None:
-        """Forget every cached page on the device and in host memory (the disk tier is
-        persistent storage: it stays, as it would across a restart)."""
+        """Forget every cached page on the device and in host memory, and every pin (the disk tier is
+        persistent storage: it stays, as it would across a restart, but for pages only those reached)."""
+        while self._pin_locks:
+            self.cache.unlock(heapq.heappop(self._pin_locks)[2])
+        self.pins.clear()
         self.allocator.free(self.cache.reset())
         if self.tiers is not None:
             self.tiers.clear_host()
@@ -306,4 +403,10 @@ class KVMemory:
             "used_pages": self.used_pages,
             "evicted_pages": cache.evicted_pages,
             **(self.tiers.stats() if self.tiers is not None else no_tier_stats()),
+            **self.pins.stats(),
         }
+
+
+def _last_key(node: Node | None) -> str | None:
+    """The content key of node's last page (None: a root, or a node without keys)."""
+    return node.keys[-1] if node is not None and node.keys else None

@@ -1,10 +1,12 @@
 """KVTiers: the scheduler's side of the KV tiers below the device pool.
 
-Host memory holds pages by content key (radixrt/cache/tier_index.py), LRU; the
-disk tier below it likewise. The flow, as in a CPU cache hierarchy:
+Host memory holds pages by content key (radixrt/cache/tier_index.py); the disk tier below
+it likewise. The flow, as in a CPU cache hierarchy:
 
+  device node inserted -> write_through: its full pages are copied to host now
+                          (write_through_selective: once its node is hit twice; write_back: never)
   device leaf evicted -> offload: its full pages go to host (already there: touched)
-  host full           -> its LRU page spills to disk (disk full: disk's LRU is dropped)
+  host full           -> its first victim spills to disk (disk full: disk's first victim is dropped)
   a match that stops in the tree -> hits(): how many next pages host/disk hold;
                          load(): copy them into fresh device pages (host keeps its copy)
   swap_out / swap_in  -> a retracted request's pages to reserved host slots and back
@@ -13,9 +15,18 @@ disk tier below it likewise. The flow, as in a CPU cache hierarchy:
   disk_failed         -> the worker could not write or read some page files: they leave
                          the disk index (a miss, recomputed); a failing disk tier turns off
 
-Every key names its namespace (tier_index.page_keys), on disk too, so a namespace's
-pages are found without a tree. Page files a previous version named otherwise are
-removed at start (_adopt_disk): their keys can never equal this version's.
+Prefix order holds in every tier: a page is a victim only when its tier holds none of its
+children, and a page that leaves the last tier holding it (device, host and disk) takes every
+page after it in its sequence with it, wherever those are (_cascade). So no tier ever holds an
+*unreachable* page: one whose earlier page is held nowhere, which no request could ever read
+again. `unreachable()` counts them anyway (the leak checks assert 0). Pinned pages (KVMemory's
+pins) are victims only after every unpinned one, and then only where that loses nothing: they
+spill to disk, or give up a copy another tier holds too. So they are never dropped while the
+pin budget (at most what host and disk hold) is kept.
+
+Every key names its namespace and its parent (tier_index.page_keys), on disk too, so a
+namespace's pages are found without a tree and the pages a previous run left on disk come back
+in prefix order (_adopt_disk); files of another key format are removed at start.
 
 Each decision appends a KVMove; the worker runs them in the same order before the
 next forward, so ordering hazards (a host slot spilled, then reused) resolve as
@@ -28,79 +39,121 @@ import contextlib
 import logging
 from pathlib import Path
 
-from radixrt.cache.tier_index import TierIndex, is_page_key
+from radixrt.cache.eviction import EvictionOrder
+from radixrt.cache.tier_index import TierIndex, is_page_key, parents_of
 from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_key, disk_page_name
 from radixrt.namespace import CacheNamespace
 
 logger = logging.getLogger(__name__)
 
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+SELECTIVE_HITS = 2  # write_through_selective: a node is written to host when a request reads it the second time
+
 
 def tier_counters() -> dict[str, int]:
-    """The tiers' counters, all 0: pages moved per kind, pages loaded back, disk errors."""
-    return {**{f"pages_{k.value}": 0 for k in MoveKind}, "host_hit_pages": 0, "disk_hit_pages": 0, "disk_tier_errors": 0}
+    """The tiers' counters, all 0: pages moved per kind, pages loaded back, pages dropped with an
+    earlier page of theirs (cascade), pinned pages that had to be dropped, disk errors."""
+    return {**{f"pages_{k.value}": 0 for k in MoveKind}, "host_hit_pages": 0, "disk_hit_pages": 0,
+            "cascade_dropped_pages": 0, "pinned_dropped_pages": 0, "disk_tier_errors": 0}
 
 
 def no_tier_stats() -> dict[str, int]:
     """KVTiers.stats() of a server without lower tiers: every figure 0."""
     return {"host_pages": 0, "host_cached_pages": 0, "host_swap_pages": 0, "disk_pages": 0, "disk_cached_pages": 0,
-            "disk_tier_enabled": 0, **tier_counters()}
+            "disk_tier_enabled": 0, "unreachable_pages": 0, **tier_counters()}
 
 
 class KVTiers:
-    def __init__(self, host_pages: int, cache_on_host: bool, disk_dir: str = "", disk_pages: int = 0) -> None:
-        self.host = TierIndex(host_pages)
+    def __init__(self, host_pages: int, cache_on_host: bool, disk_dir: str = "", disk_pages: int = 0,
+                 page_size: int = 1, order: EvictionOrder | None = None, write_policy: str = "write_back") -> None:
+        assert write_policy in WRITE_POLICIES, write_policy
+        self.page_size = page_size
+        self._order = order or EvictionOrder()
+        self.host = TierIndex(host_pages, self._new_order())
         self.cache_on_host = cache_on_host  # False: the host pool only holds swapped requests
-        self.disk = TierIndex(disk_pages) if disk_dir else None
+        self.write_policy = write_policy if cache_on_host else "write_back"
+        self.disk = TierIndex(disk_pages, self._new_order()) if disk_dir else None
         self.disk_dir = Path(disk_dir) if disk_dir else None
+        self.on_device = lambda key: False  # KVMemory: whether the device tree holds key's page
+        self.pinned: set[str] = set()  # KVMemory's pinned keys (the same set object)
+        self._children: dict[str, set[str]] = {}  # parent key -> its children held in host or on disk
+        self._leaving: set[str] = set()  # keys of the device leaf being evicted (offload)
         self.moves: list[KVMove] = []
         self._unwritten: set[str] = set()  # disk keys whose write is among the moves not yet taken
         self.counters = tier_counters()
         if self.disk is not None:
             self._adopt_disk(Path(disk_dir))
 
+    def _new_order(self) -> EvictionOrder:
+        """Each tier keeps its own policy state (the cost policy's inflation), by one policy."""
+        return EvictionOrder(self._order.policy, self._order.cost)
+
     def _adopt_disk(self, d: Path) -> None:
-        """Pages a previous run left on disk, oldest first; beyond capacity they are dropped. Files
-        whose names are not this version's page keys (an older key format, from before keys named
-        their namespace) are removed on every rank: no request could ever hit them."""
+        """Pages a previous run left on disk, in prefix order from each sequence's first page, as far
+        as capacity goes; the rest are dropped. Files whose names are not this version's page keys (an
+        older key format) or whose earlier pages are not there (nothing could reach them) are removed
+        on every rank: no request could ever hit them."""
         keys = [disk_page_key(f.name) for f in _page_files(d)]
         stale = [key for key in keys if not is_page_key(key)]
         if stale:
             logger.warning("removing %d page files of an older key format from the disk KV tier in %s; "
                            "their tokens are recomputed", len(stale), d)
             self._emit(MoveKind.DROP, keys=stale)
-        for key in filter(is_page_key, keys):
-            slot = self.disk.take_free()
-            if slot is None:
-                old, slot = self.disk.pop_lru()
-                self._emit(MoveKind.DROP, keys=[old])
-            self.disk.put(key, slot)
+        parents = parents_of([key for key in keys if is_page_key(key)])
+        kids: dict[str | None, list[str]] = {}
+        for key, parent in parents.items():
+            kids.setdefault(parent, []).append(key)
+        frontier, depth = kids.get(None, []), 0
+        while frontier:
+            nxt = []
+            for key in frontier:
+                slot = self.disk.take_free()
+                if slot is None:
+                    break
+                self.disk.put(key, slot, parents[key], depth * self.page_size, self.page_size)
+                self._entered(key, parents[key])
+                nxt += kids.get(key, [])
+            frontier, depth = nxt, depth + 1
+        left = [key for key in keys if is_page_key(key) and key not in self.disk]
+        if left:
+            logger.info("disk KV tier in %s: %d page files past its capacity or without their earlier pages "
+                        "are removed", d, len(left))
+            self._emit(MoveKind.DROP, keys=left)
 
     def switch_disk(self, disk_dir: str, disk_pages: int) -> None:
         """New weights: the disk tier is now the directory of their fingerprint, with the pages a
         previous run under those weights left there ("": the workers have no disk tier now). The
         old directory is not touched (moves written to it were taken before the switch)."""
         assert not self.moves, "moves for the old disk directory are still pending"
+        for key in self.disk.keys() if self.disk is not None else []:
+            self._left_disk_index(key)
         if not disk_dir:
             self.disk = self.disk_dir = None
             return
-        self.disk = TierIndex(disk_pages)
+        self.disk = TierIndex(disk_pages, self._new_order())
         self.disk_dir = Path(disk_dir)
         self._adopt_disk(self.disk_dir)
 
     def disk_failed(self, faults: DiskFaults) -> None:
         """The workers could not write or read these pages' files (or the tier is off now): they
-        are no longer on disk. Whatever file is left of them goes (on every rank)."""
+        are no longer on disk, nor is any page after them that nothing else holds. Whatever file is
+        left of them goes (on every rank)."""
         self.counters["disk_tier_errors"] += faults.errors
         if self.disk is None:
             return
         if faults.disabled:
+            for key in self.disk.keys():
+                self._left_disk_index(key)
             self.disk = self.disk_dir = None  # the worker logged why
+            self.sweep()
             return
         lost = [key for key in dict.fromkeys(faults.lost_keys) if key in self.disk]
-        for key in lost:
-            self.disk.discard(key)
-        if lost:
-            self._emit(MoveKind.DROP, keys=lost)
+        self._drop(lost, only_disk=True)
+
+    def _left_disk_index(self, key: str) -> None:
+        """key leaves the disk index without a move (the whole index goes)."""
+        if key not in self.host:
+            self._left(key, self.disk.parent(key))
 
     def take_moves(self) -> list[KVMove]:
         out, self.moves = self.moves, []
@@ -117,43 +170,197 @@ class KVTiers:
             self.moves.append(KVMove(kind, list(src), list(dst), list(keys)))
         self.counters[f"pages_{kind.value}"] += max(len(src), len(keys))
 
+    # -- prefix order -------------------------------------------------------------
+
+    def held_below(self, key: str) -> bool:
+        return key in self.host or (self.disk is not None and key in self.disk)
+
+    def _held(self, key: str | None) -> bool:
+        """key's page is somewhere (None, a sequence's start, always is)."""
+        return key is None or self._on_device(key) or self.held_below(key)
+
+    def _on_device(self, key: str) -> bool:
+        """The device holds key's page and keeps it (not a page of the leaf being evicted)."""
+        return key not in self._leaving and self.on_device(key)
+
+    def _entered(self, key: str, parent: str | None) -> None:
+        """key was put in host or disk (call after the put)."""
+        self._children.setdefault(parent, set()).add(key)
+
+    def _left(self, key: str, parent: str | None) -> None:
+        """key may have left host and disk both (call after the pop)."""
+        if not self.held_below(key):
+            kids = self._children.get(parent)
+            if kids is not None:
+                kids.discard(key)
+                if not kids:
+                    del self._children[parent]
+
+    def _cascade(self, keys: list[str]) -> None:
+        """Those of keys held nowhere now take every page after them in their sequences along."""
+        gone = [k for k in keys if not self._held(k)]
+        below, stack = [], [c for k in gone for c in self._children.get(k, ())]
+        while stack:
+            key = stack.pop()
+            below.append(key)
+            stack += self._children.get(key, ())
+        if below:
+            self.counters["cascade_dropped_pages"] += len(below)
+            self._drop(list(reversed(below)), cascaded=True)  # deepest first: each is a leaf when it goes
+
+    def _drop(self, keys: list[str], only_disk: bool = False, cascaded: bool = False) -> None:
+        """keys leave the disk (their files go) and, unless only_disk, host memory; then whatever
+        they were the last holders of goes after them."""
+        on_disk = [key for key in keys if self.disk is not None and key in self.disk]
+        for key in keys if not only_disk else []:
+            if key in self.host:
+                parent = self.host.parent(key)
+                self.host.discard(key)
+                self._left(key, parent)
+        for key in on_disk:
+            parent = self.disk.parent(key)
+            self.disk.discard(key)
+            self._left(key, parent)
+        if on_disk:
+            self._emit(MoveKind.DROP, keys=on_disk)
+        if not cascaded:
+            self._cascade(keys)
+
+    def unreachable(self) -> list[str]:
+        """Pages held in host or on disk whose earlier pages are not all held somewhere (0 by design)."""
+        ok: dict[str, bool] = {}
+
+        def reachable(key: str) -> bool:
+            path = []
+            while key not in ok:
+                parent = self.host.parent(key) if key in self.host else self.disk.parent(key)
+                path.append(key)
+                if parent is None or self._on_device(parent):
+                    good = True
+                    break
+                if not self.held_below(parent):
+                    good = False
+                    break
+                key = parent
+            else:
+                good = ok[key]
+            for k in path:
+                ok[k] = good
+            return good
+
+        keys = set(self.host.keys()) | set(self.disk.keys() if self.disk is not None else [])
+        return [key for key in keys if not reachable(key)]
+
+    def sweep(self) -> int:
+        """Drop every unreachable page (after the device lost pages at once: a flush, a forget);
+        returns how many."""
+        lost = self.unreachable()
+        if lost:
+            self.counters["cascade_dropped_pages"] += len(lost)
+            deepest_first = sorted(lost, key=self._depth, reverse=True)
+            self._drop(deepest_first, cascaded=True)
+        return len(lost)
+
+    def _depth(self, key: str) -> int:
+        n = 0
+        while key is not None and self.held_below(key):
+            key = self.host.parent(key) if key in self.host else self.disk.parent(key)
+            n += 1
+        return n
+
     # -- pages going down -----------------------------------------------------
 
-    def offload(self, keys: list[str], device_pages: list[int]) -> None:
-        """Device pages about to be freed: keep their KV in host memory."""
+    def offload(self, keys: list[str], device_pages: list[int], parent: str | None, start: int, hits: int = 0,
+                write: bool = False) -> None:
+        """Device pages (keys[i] in device_pages[i]; parent: the key before keys[0], start: its
+        first token's position, hits: the device's count) go to host memory: their node is evicted
+        (write False: the pages are freed right after, and a key kept nowhere takes the pages after it
+        along), or written through (write True: the device keeps them)."""
+        if not write:
+            self._leaving = set(keys)
+        try:
+            self._offload(keys, device_pages, parent, start, hits, write)
+        finally:
+            self._leaving = set()
+
+    def _offload(self, keys: list[str], device_pages: list[int], parent: str | None, start: int, hits: int,
+                 write: bool) -> None:
         if not self.cache_on_host:
+            if not write:
+                self._cascade(keys)
             return
-        for key, page in zip(keys, device_pages):
+        for i, (key, page) in enumerate(zip(keys, device_pages)):
             if key in self.host:
                 self.host.get(key)
-                continue
-            slot = self._host_slot()
-            if slot is None:  # every host slot is reserved by a swapped request
-                return
-            self.host.put(key, slot)
-            self._emit(MoveKind.D2H, [page], [slot])
+            elif self._held(parent):  # else nothing could reach it
+                slot = self._host_slot()
+                if slot is None:  # every host slot is reserved by a swapped request, or pinned
+                    if self.held_below(key):  # on disk already
+                        parent = key
+                        continue
+                    self.counters["pinned_dropped_pages"] += (not write) * sum(k in self.pinned for k in keys[i:])
+                    break
+                self.host.put(key, slot, parent, start + i * self.page_size, self.page_size, hits, key in self.pinned)
+                self._entered(key, parent)
+                self._emit(MoveKind.D2H, [page], [slot])
+            parent = key
+        if not write:
+            self._cascade(keys)
 
     def _host_slot(self) -> int | None:
-        """A free host slot, spilling the least recently used cached page to disk if needed."""
+        """A free host slot, else the first victim's: it spills to disk, or is dropped where the disk
+        cannot take it. A pinned victim goes only where that loses nothing (it spills, or another
+        tier holds it too); else None."""
         slot = self.host.take_free()
-        if slot is None and len(self.host):
-            key, slot = self.host.pop_lru()
-            self._to_disk(key, MoveKind.H2DISK, slot)
+        if slot is not None:
+            return slot
+        spills = self._disk_can_take()
+        key = self.host.victim(lambda k: spills or self._on_device(k) or (self.disk is not None and k in self.disk))
+        if key is None:
+            return None
+        parent, (start, hits) = self.host.parent(key), self.host.place(key)
+        slot = self.host.pop(key)
+        kept = self._to_disk(key, parent, start, MoveKind.H2DISK, slot, hits)
+        self._left(key, parent)
+        if not kept:
+            self._cascade([key])
         return slot
 
-    def _to_disk(self, key: str, kind: MoveKind, src: int) -> None:
+    def _disk_can_take(self) -> bool:
+        """The disk has a free slot, or a page to give up for a new one (see _disk_victim)."""
+        return self.disk is not None and (self.disk.num_free > 0 or self._disk_victim() is not None)
+
+    def _disk_victim(self) -> str | None:
+        """The disk's first victim: unpinned, else a pinned page host memory or the device holds too."""
+        return self.disk.victim(lambda k: k in self.host or self._on_device(k))
+
+    def _to_disk(self, key: str, parent: str | None, start: int, kind: MoveKind, src: int, hits: int = 0) -> bool:
+        """Write key's page (from src) to disk unless it is there; False if the disk cannot hold it. (A
+        parent leaving the device with an offload counts as held: it is being put below now, and what
+        it fails to reach is dropped when the offload ends.)"""
         if self.disk is None or self.disk.capacity == 0:
-            return
+            return False
         if key in self.disk:
             self.disk.get(key)
-            return
+            return True
         slot = self.disk.take_free()
         if slot is None:
-            old, slot = self.disk.pop_lru()
-            self._emit(MoveKind.DROP, keys=[old])
-        self.disk.put(key, slot)
+            victim = self._disk_victim()
+            if victim is None:
+                return False
+            vparent = self.disk.parent(victim)
+            slot = self.disk.pop(victim)
+            self._emit(MoveKind.DROP, keys=[victim])
+            self._left(victim, vparent)
+            self._cascade([victim])
+            if not self._held(parent) and parent not in self._leaving:  # the victim was key's own earlier page
+                self.disk.release([slot])
+                return False
+        self.disk.put(key, slot, parent, start, self.page_size, hits, key in self.pinned)
+        self._entered(key, parent)
         self._unwritten.add(key)
         self._emit(kind, [src], keys=[key])
+        return True
 
     # -- pages coming back ----------------------------------------------------
 
@@ -166,31 +373,45 @@ class KVTiers:
             n += 1
         return n
 
+    def sources(self, keys: list[str]) -> list[str]:
+        """Where each of keys (all held: see hits) would be read from: "host" or "disk"."""
+        return ["host" if key in self.host else "disk" for key in keys]
+
     def _on_disk(self, key: str) -> bool:
         """key is in the disk index and its file is there (or about to be written); a file
-        removed behind our back leaves the index, and its tokens are recomputed."""
+        removed behind our back leaves the index (with what only it reached), and its tokens are recomputed."""
         if self.disk is None or key not in self.disk:
             return False
         if key in self._unwritten or _exists(self.disk_dir / disk_page_name(key)):
             return True
-        self.disk.discard(key)
+        self._drop([key], only_disk=True)
         return False
 
     def touch(self, keys: list[str]) -> None:
-        """Make keys most recently used (so allocating their device pages does not spill them first)."""
+        """Make keys recently used (so allocating their device pages does not spill them first)."""
         for key in keys:
             (self.host if key in self.host else self.disk).get(key)
 
-    def load(self, keys: list[str], device_pages: list[int]) -> None:
-        """Copy keys' pages (all held: see hits) into device_pages."""
+    def load(self, keys: list[str], device_pages: list[int]) -> tuple[int, int]:
+        """Copy keys' pages (all held: see hits) into device_pages; returns how many came from host and from disk."""
+        host = disk = 0
         for key, page in zip(keys, device_pages):
             if key in self.host:
-                self._emit(MoveKind.H2D, [self.host.get(key)], [page])
-                self.counters["host_hit_pages"] += 1
+                self._emit(MoveKind.H2D, [self.host.get(key, hit=True)], [page])
+                host += 1
             else:
-                self.disk.get(key)
+                self.disk.get(key, hit=True)
                 self._emit(MoveKind.DISK2D, [], [page], [key])
-                self.counters["disk_hit_pages"] += 1
+                disk += 1
+        self.counters["host_hit_pages"] += host
+        self.counters["disk_hit_pages"] += disk
+        return host, disk
+
+    def set_pinned(self, key: str, pinned: bool) -> None:
+        """KVMemory pinned or unpinned key (its pinned set already says so): reorder it in each tier."""
+        self.host.set_pinned(key, pinned)
+        if self.disk is not None:
+            self.disk.set_pinned(key, pinned)
 
     # -- preemption by swapping -------------------------------------------------
 
@@ -198,7 +419,13 @@ class KVTiers:
         """Reserve host slots for a retracted request's pages and copy them there; None if they do not fit."""
         if self.host.num_free + len(self.host) < len(device_pages):
             return None
-        slots = [self._host_slot() for _ in device_pages]
+        slots = []
+        for _ in device_pages:
+            slot = self._host_slot()
+            if slot is None:  # the rest is pinned with no disk below
+                self.host.release(slots)
+                return None
+            slots.append(slot)
         self._emit(MoveKind.D2H, device_pages, slots)
         return slots
 
@@ -210,31 +437,29 @@ class KVTiers:
         """Forget every page of namespace in host memory and on disk (its files are removed on
         every rank); returns how many. Slots reserved by swapped requests stay theirs."""
         encoded = namespace.encoded
-        host = self.host.keys_of(encoded)
-        for key in host:
-            self.host.discard(key)
-        disk = self.disk.keys_of(encoded) if self.disk is not None else []
-        for key in disk:
-            self.disk.discard(key)
-        if disk:
-            self._emit(MoveKind.DROP, keys=disk)
-        return len(host) + len(disk)
+        keys = set(self.host.keys_of(encoded)) | set(self.disk.keys_of(encoded) if self.disk is not None else [])
+        self._drop(sorted(keys, key=self._depth, reverse=True), cascaded=True)
+        return len(keys)
 
     def clear_host(self) -> None:
-        """Forget the pages cached in host memory (slots reserved by swapped requests stay theirs)."""
-        for key in self.host.keys():
+        """Forget the pages cached in host memory (slots reserved by swapped requests stay theirs),
+        and every page on disk only they reached."""
+        for key in sorted(self.host.keys(), key=self._depth, reverse=True):
+            parent = self.host.parent(key)
             self.host.discard(key)
+            self._left(key, parent)
+        self.sweep()
 
     # -- shutdown -------------------------------------------------------------------
 
-    def persist(self, device: list[tuple[str, int]]) -> None:
-        """Write what the device pool (key, page pairs) and host memory cache to disk."""
+    def persist(self, device: list[tuple[str, str | None, int, int]]) -> None:
+        """Write what the device pool (key, parent, start, page: parents first) and host memory cache to disk."""
         if self.disk is None:
             return
-        for key, page in device:
-            self._to_disk(key, MoveKind.D2DISK, page)
-        for key in self.host.keys():
-            self._to_disk(key, MoveKind.H2DISK, self.host.get(key))
+        for key, parent, start, page in device:
+            self._to_disk(key, parent, start, MoveKind.D2DISK, page)
+        for key in sorted(self.host.keys(), key=self._depth):
+            self._to_disk(key, self.host.parent(key), self.host.place(key)[0], MoveKind.H2DISK, self.host.get(key))
 
     def stats(self) -> dict[str, int]:
         return {
@@ -244,6 +469,7 @@ class KVTiers:
             "disk_pages": self.disk.capacity if self.disk is not None else 0,
             "disk_cached_pages": len(self.disk) if self.disk is not None else 0,
             "disk_tier_enabled": int(self.disk is not None),
+            "unreachable_pages": len(self.unreachable()),
             **self.counters,
         }
 

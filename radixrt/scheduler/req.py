@@ -41,6 +41,7 @@ class Req:
     stops: StopState | None = None  # its stop check's progress (scheduler/stop.py makes it at the first check)
     recompute_len: int = 0  # tokens of KV it had when retracted to recompute
     cached_tokens: int = -1  # prompt tokens reused from the prefix cache at first admission (-1: not yet)
+    pin_ttl: float | None = None  # seconds its prompt's pages stay cached (cache_control; None: no pin)
     slot: int | None = None  # worker slot while running
     slot_initialized: bool = False  # the worker has this request's sampling state
     admitted_at: int = 0  # admission counter, for retraction order

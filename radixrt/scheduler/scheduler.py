@@ -17,9 +17,11 @@ swapped to host memory and back, so nothing fails.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from radixrt.cache.eviction import EvictionOrder
 from radixrt.config_views import SchedulerConfig
 from radixrt.errors import from_validation
 from radixrt.messages import (
@@ -72,9 +74,13 @@ class Scheduler:
     def __init__(self, args: SchedulerConfig, worker: WorkerReady, tokenizer: Any) -> None:
         self.args = args
         tiers = None
+        order = EvictionOrder(args.radix_eviction_policy)
         if worker.host_pages:
-            tiers = KVTiers(worker.host_pages, args.enable_hierarchical_cache, worker.disk_dir, worker.disk_pages)
-        self.mem = KVMemory(worker.num_pages, worker.page_size, use_cache=not args.disable_radix_cache, tiers=tiers)
+            tiers = KVTiers(worker.host_pages, args.enable_hierarchical_cache, worker.disk_dir, worker.disk_pages,
+                            worker.page_size, order, args.hicache_write_policy)
+        self.mem = KVMemory(worker.num_pages, worker.page_size, use_cache=not args.disable_radix_cache, tiers=tiers,
+                            order=order, pinned_fraction=args.max_pinned_fraction,
+                            pinned_namespace_fraction=args.max_pinned_namespace_fraction)
         self.bytes_per_token = worker.bytes_per_token
         # what one rank allocated (get_server_info; `radixrt estimate` predicts the same figures)
         self.memory_figures = {"kv_pool_bytes": worker.kv_pool_bytes, "page_table_bytes": worker.page_table_bytes,
@@ -121,9 +127,15 @@ class Scheduler:
         if self.weights.hold(msg):
             return
         r = self.intake.accept(msg)
+        if not isinstance(r, ReqOutput) and (why := self.mem.pin_refusal(r)) is not None:
+            logger.error("refused request %s: %s", r.rid, why)
+            r = rejection(r.rid, why, r.prompt_len)
         if isinstance(r, ReqOutput):  # refused
             self.outbox.append(r)
-        elif r.sampling.constraint is not None:
+            return
+        if r.pin_ttl is not None:
+            self.mem.pin(r, time.monotonic())
+        if r.sampling.constraint is not None:
             self.grammars.add(r)  # it joins the waiting queue once its matcher is ready
         else:
             self.waiting.append(r)
@@ -189,6 +201,7 @@ class Scheduler:
         Run it with scheduler/step.py, which makes the moves before the batch."""
         entries: list[BatchEntry] = []
         self.inflight = []
+        self.mem.expire_pins(time.monotonic())
         self._take_compiled()
         while not entries and (self.waiting or self.running):
             self._schedule_decodes(entries)

@@ -84,8 +84,21 @@ SCHEDULER_FIGURES = {
     "pages_h2disk": ("radixrt:pages_host_to_disk_total", "pages written from host memory to disk"),
     "pages_d2disk": ("radixrt:pages_device_to_disk_total", "pages written from the device pool to disk"),
     "pages_disk2d": ("radixrt:pages_disk_to_device_total", "pages read from disk into the device pool"),
-    "pages_drop": ("radixrt:pages_dropped_from_disk_total", "pages dropped from a full disk tier"),
+    "pages_drop": ("radixrt:pages_dropped_from_disk_total", "pages dropped from the disk tier (full, lost, or after "
+                   "an earlier page of theirs)"),
     "tier_move_seconds": ("radixrt:kv_tier_move_seconds_total", "worker time spent moving pages between tiers"),
+    "unreachable_pages": ("radixrt:kv_unreachable_pages", "pages held in the host or disk tier while an earlier page "
+                          "of their sequence is held nowhere (no request can read them; 0 by design)"),
+    "cascade_dropped_pages": ("radixrt:kv_cascade_dropped_pages_total", "lower-tier pages dropped because an "
+                              "earlier page of their sequence left the last tier holding it"),
+    "pinned_dropped_pages": ("radixrt:kv_pinned_dropped_pages_total", "pinned pages dropped before their TTL because "
+                             "no lower tier could take them (swap reservations filled host memory)"),
+    "pinned_pages": ("radixrt:kv_pinned_pages", "pages pinned by cache_control (in any tier, or reserved)"),
+    "pin_budget_pages": ("radixrt:kv_pin_budget_pages", "the most pages pins may hold (--max-pinned-fraction)"),
+    "pinned_namespaces": ("radixrt:kv_pinned_namespaces", "cache namespaces holding pins"),
+    "pins_taken": ("radixrt:kv_pins_total", "requests whose cache_control pin was granted"),
+    "pins_refused": ("radixrt:kv_pins_refused_total", "requests refused for passing a pin budget"),
+    "pinned_pages_expired": ("radixrt:kv_pinned_pages_expired_total", "pinned pages whose TTL ended"),
     "swaps_out": ("radixrt:swaps_out_total", "retracted requests whose KV was swapped to host memory"),
     "swaps_in": ("radixrt:swaps_in_total", "swapped requests brought back"),
     "recomputed_tokens": ("radixrt:recomputed_tokens_total", "tokens recomputed after retraction"),

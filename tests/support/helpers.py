@@ -34,9 +34,11 @@ def wait_idle(get_info: Callable[[], dict[str, Any]], timeout: float = 10.0) -> 
 
 
 def assert_pool_idle(info: dict[str, Any]) -> None:
-    """Nothing runs or waits, and every KV page is free or held by the prefix cache."""
+    """Nothing runs or waits, every KV page is free or held by the prefix cache, and no lower tier
+    holds a page no request can reach (an earlier page of its sequence held nowhere)."""
     assert info["running"] == 0 and info["waiting"] == 0, info
     assert info["free_pages"] + info["cached_pages"] == info["num_pages"], info
+    assert info["unreachable_pages"] == 0, info
 
 
 def assert_no_page_leak(engine, timeout: float = 10.0) -> None:
