@@ -1,13 +1,19 @@
 """Load or recompute a lower tier's pages by measured cost (scheduler/tier_costs.py): the choice
-from injected costs, the running estimates and the stats."""
+from injected costs, the running estimates, the stats, and the scheduler feeding it from what the
+worker reports."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
+from support.fake_worker import FakeWorker, reference_generate
+from support.scheduling import CharTokenizer, req, run
 
-from radixrt.messages import MoveKind
+from radixrt.config import ServerArgs
+from radixrt.config_views import SchedulerConfig
+from radixrt.messages import BatchResult, ForwardBatch, KVMove, MoveKind, MoveTime
+from radixrt.scheduler.scheduler import Scheduler
 from radixrt.scheduler.tier_costs import MOVE_DECAY, PREFILL_DECAY, TierCosts
 
 H, D = MoveKind.H2D, MoveKind.DISK2D
@@ -115,3 +121,49 @@ def test_stats_are_plain_numbers_under_their_keys():
     assert st["cost_h2d_s_per_page"] == 2e-5 and st["cost_disk_s_per_page"] == 3e-4
     assert st["cost_prefill_s_per_token"] == pytest.approx(1e-4) and st["cost_prefill_steps"] == 2
     assert TierCosts().stats() == dict.fromkeys(st, 0) | {"cost_attention_per_position": 0.0}
+
+
+class TimedWorker(FakeWorker):
+    """A FakeWorker whose results carry times as the real worker's do: each step takes 1 ms per
+    unit of work (a token, plus ATTENTION per position it attends), each page moved 2 ms."""
+
+    ATTENTION = 0.01
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.ready.h2d_s_per_page, self.ready.attention_per_position = 5e-3, self.ATTENTION
+        self.moved: dict[MoveKind, int] = {}
+
+    def move(self, moves: list[KVMove]) -> None:
+        super().move(moves)
+        for m in moves:
+            self.moved[m.kind] = self.moved.get(m.kind, 0) + max(len(m.src), len(m.dst), len(m.keys))
+
+    def forward(self, batch: ForwardBatch) -> BatchResult:
+        res = super().forward(batch)
+        work = sum(1 + self.ATTENTION * (e.start_pos + j + 1) for e in batch.entries for j in range(len(e.input_ids)))
+        res.forward_seconds = 1e-3 * work
+        res.move_times = [MoveTime(k, n, 2e-3 * n) for k, n in self.moved.items()]
+        self.moved = {}
+        return res
+
+
+def test_the_scheduler_feeds_the_estimates_from_the_workers_reports():
+    w = TimedWorker(24, 4, host_pages=48)
+    args = ServerArgs(model_path="unused", page_size=4, schedule_policy="lpm", enable_hierarchical_cache=True,
+                      chunked_prefill_size=32)
+    s = Scheduler(SchedulerConfig.of(args), w.ready, CharTokenizer())
+    assert s.mem.tiers.costs is s.tier_costs  # the tiers choose with the estimates the scheduler feeds
+    st = s.stats()
+    assert st.cost_h2d_s_per_page == 5e-3 and st.cost_prefill_s_per_token == 0.0  # the probe's seed only
+    rng = random.Random(1)
+    docs = [[rng.randrange(50) for _ in range(40)] for _ in range(4)]  # more than the 96-token pool holds
+    reqs = [req(f"r{i}", docs[i % 4] + [i % 50], 3) for i in range(8)]
+    outputs, _ = run(s, w, reqs, arrivals={i: 30 * i for i in range(8)})
+    assert all(outputs[r.rid] == reference_generate(r.input_ids, 3) for r in reqs)
+    st = s.stats()
+    assert st.pages_d2h > 0 and st.pages_h2d > 0 and st.cost_prefill_steps > 1
+    assert st.cost_prefill_s_per_token == pytest.approx(1e-3)  # the attended positions counted as the worker's
+    assert st.cost_attention_per_position == TimedWorker.ATTENTION
+    assert st.tier_move_seconds == pytest.approx(2e-3 * (st.pages_d2h + st.pages_h2d))
+    assert 2e-3 < st.cost_h2d_s_per_page < 2.5e-3  # the measured 2 ms moves outweigh the 5 ms seed

@@ -31,6 +31,7 @@ from pathlib import Path
 from radixrt.cache.tier_index import TierIndex, is_page_key
 from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_key, disk_page_name
 from radixrt.namespace import CacheNamespace
+from radixrt.scheduler.tier_costs import TierCosts
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,9 @@ def no_tier_stats() -> dict[str, int]:
 
 
 class KVTiers:
-    def __init__(self, host_pages: int, cache_on_host: bool, disk_dir: str = "", disk_pages: int = 0) -> None:
+    def __init__(self, host_pages: int, cache_on_host: bool, disk_dir: str = "", disk_pages: int = 0,
+                 costs: TierCosts | None = None) -> None:
+        self.costs = costs if costs is not None else TierCosts()  # load or recompute (tier_costs.py)
         self.host = TierIndex(host_pages)
         self.cache_on_host = cache_on_host  # False: the host pool only holds swapped requests
         self.disk = TierIndex(disk_pages) if disk_dir else None
