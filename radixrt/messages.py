@@ -293,11 +293,22 @@ class DiskFaults(msgspec.Struct, array_like=True):
     disabled: bool = False  # it failed hicache_disk_max_errors times in a row and is off now
 
 
+class MoveTime(msgspec.Struct, array_like=True):
+    """The worker's time on the KVMoves of one kind since the last result (scheduler/tier_costs.py)."""
+
+    kind: MoveKind
+    pages: int
+    seconds: float
+
+
 class BatchResult(msgspec.Struct, tag=True):
     step: int
     next_ids: list[int]  # one per entry with sample=True and no error, in entry order
     logprobs: list[EntryLogprobs | None] = []  # one per entry when any asked (None for a failed entry)
-    move_seconds: float = 0.0  # spent on KVMoves since the last result
+    move_times: list[MoveTime] = []  # per kind of KVMove run since the last result
+    # rank 0's seconds from the batch's arrival to its sampled ids, where the device had finished by then
+    # (on CPU, or a step that sampled on CUDA); 0.0: not measured
+    forward_seconds: float = 0.0
     errors: list[EntryError] = []  # entries that failed, in entry order; their KV of this step is not trusted
     # one per entry when any had want_mass ([] for the others): the attention probability its queries put
     # on each page of its page table, summed over heads, layers and ranks
@@ -345,6 +356,12 @@ class WorkerReady(msgspec.Struct, tag=True):
     host_pages: int = 0  # the host tier / swap pool (0: none)
     disk_dir: str = ""  # the disk tier's directory for this model ("" : none)
     disk_pages: int = 0
+    # the start-up probe of the tiers (worker/tier_probe.py): seconds to bring one page back to the
+    # device from host memory and from disk (0.0: no such tier, or not measured), and the model's
+    # attention FLOPs per attended position over its other FLOPs per token (scheduler/tier_costs.py)
+    h2d_s_per_page: float = 0.0
+    disk2d_s_per_page: float = 0.0
+    attention_per_position: float = 0.0
     # longrope models: prompts longer than this run under other rope factors, so their KV lives in
     # its own prefix-cache namespace (0: no such model)
     long_prompt_threshold: int = 0

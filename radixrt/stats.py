@@ -48,6 +48,15 @@ class SchedulerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pins_taken: int
     pins_refused: int
     pinned_pages_expired: int
+    # load or recompute a lower tier's pages (scheduler/tier_costs.py): the choices, and the estimates
+    # behind them (0.0: not measured yet)
+    tier_load_pages: int
+    tier_recompute_pages: int
+    cost_h2d_s_per_page: float
+    cost_disk_s_per_page: float
+    cost_prefill_s_per_token: float
+    cost_attention_per_position: float
+    cost_prefill_steps: int
     # memory (rank 0's; what `radixrt estimate` predicts)
     worker_rss_bytes: int
     worker_rss_peak_bytes: int

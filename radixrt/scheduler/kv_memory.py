@@ -207,6 +207,8 @@ class KVMemory:
         ps, start = self.page_size, len(m.pages)
         keys = self._tier_keys(r, start)
         n = min(self.tiers.hits(keys), max_pages) if keys else 0
+        if n:  # load only as far as loading is faster than recomputing (tier_costs.py)
+            n = self.tiers.costs.pages_to_load(self.tiers.sources(keys[:n]), start, ps)
         if n == 0:
             return m
         self.tiers.touch(keys[:n])

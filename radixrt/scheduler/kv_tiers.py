@@ -43,6 +43,7 @@ from radixrt.cache.eviction import EvictionOrder
 from radixrt.cache.tier_index import TierIndex, is_page_key, parents_of
 from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_key, disk_page_name
 from radixrt.namespace import CacheNamespace
+from radixrt.scheduler.tier_costs import TierCosts
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,10 @@ def no_tier_stats() -> dict[str, int]:
 
 class KVTiers:
     def __init__(self, host_pages: int, cache_on_host: bool, disk_dir: str = "", disk_pages: int = 0,
-                 page_size: int = 1, order: EvictionOrder | None = None, write_policy: str = "write_back") -> None:
+                 page_size: int = 1, order: EvictionOrder | None = None, write_policy: str = "write_back",
+                 costs: TierCosts | None = None) -> None:
         assert write_policy in WRITE_POLICIES, write_policy
+        self.costs = costs if costs is not None else TierCosts()  # load or recompute (tier_costs.py)
         self.page_size = page_size
         self._order = order or EvictionOrder()
         self.host = TierIndex(host_pages, self._new_order())
@@ -373,9 +376,9 @@ class KVTiers:
             n += 1
         return n
 
-    def sources(self, keys: list[str]) -> list[str]:
-        """Where each of keys (all held: see hits) would be read from: "host" or "disk"."""
-        return ["host" if key in self.host else "disk" for key in keys]
+    def sources(self, keys: list[str]) -> list[MoveKind]:
+        """How each of keys (all held: see hits) would come back: H2D, or DISK2D."""
+        return [MoveKind.H2D if key in self.host else MoveKind.DISK2D for key in keys]
 
     def _on_disk(self, key: str) -> bool:
         """key is in the disk index and its file is there (or about to be written); a file

@@ -56,6 +56,7 @@ from radixrt.scheduler.preemption import Preemption
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.spot_checks import SpotChecks
 from radixrt.scheduler.stop import StopChecker
+from radixrt.scheduler.tier_costs import TierCosts
 from radixrt.scheduler.weight_update import ABORTED_FOR_UPDATE, WeightUpdates
 
 logger = logging.getLogger(__name__)
@@ -74,10 +75,12 @@ class Scheduler:
     def __init__(self, args: SchedulerConfig, worker: WorkerReady, tokenizer: Any) -> None:
         self.args = args
         tiers = None
-        order = EvictionOrder(args.radix_eviction_policy)
+        # load or recompute a lower tier's pages: the worker's start-up probe, then what it reports
+        self.tier_costs = TierCosts(worker.h2d_s_per_page, worker.disk2d_s_per_page, worker.attention_per_position)
+        order = EvictionOrder(args.radix_eviction_policy, self.tier_costs.relative_recompute_cost)
         if worker.host_pages:
             tiers = KVTiers(worker.host_pages, args.enable_hierarchical_cache, worker.disk_dir, worker.disk_pages,
-                            worker.page_size, order, args.hicache_write_policy)
+                            worker.page_size, order, args.hicache_write_policy, self.tier_costs)
         self.mem = KVMemory(worker.num_pages, worker.page_size, use_cache=not args.disable_radix_cache, tiers=tiers,
                             order=order, pinned_fraction=args.max_pinned_fraction,
                             pinned_namespace_fraction=args.max_pinned_namespace_fraction)
@@ -296,7 +299,7 @@ class Scheduler:
     def process(self, batch: BatchResult) -> None:
         """Apply the worker's result for the batch in flight. An entry the worker reports
         failed, or whose outputs raise here, finishes its request alone (abort, status 500)."""
-        self.tier_move_seconds += batch.move_seconds
+        self._observe_costs(batch)
         self.figures.note_memory(batch.memory)
         failed = {e.entry: e.message for e in batch.errors}
         # entry -> whether it sampled; first, before anything is cached
@@ -335,6 +338,17 @@ class Scheduler:
                 self.mem.cache_progress(r)  # a prefill chunk: share its full pages now
         self.inflight = []
 
+    def _observe_costs(self, batch: BatchResult) -> None:
+        """The worker's times (before the batch is applied): each kind of tier move, and the step
+        when it ran a prefill chunk, with the positions its tokens attended (from their pages)."""
+        for t in batch.move_times:
+            self.tier_move_seconds += t.seconds
+            self.tier_costs.observe_moves(t.kind, t.pages, t.seconds)
+        if any(n > 1 for _, n in self.inflight):
+            tokens = sum(n for _, n in self.inflight)
+            attended = sum(n * r.kv.kv_len + n * (n + 1) // 2 for r, n in self.inflight)
+            self.tier_costs.observe_prefill(tokens, batch.forward_seconds, attended)
+
     # -- freeing ---------------------------------------------------------------
 
     def _finish(self, r: Req, reason: FinishReason) -> None:
@@ -369,6 +383,7 @@ class Scheduler:
             cache_hit_rate=self.counters["cached_prompt_tokens"] / prompt if prompt else 0.0,
             bytes_per_token=self.bytes_per_token,
             tier_move_seconds=self.tier_move_seconds,
+            **self.tier_costs.stats(),
             forward_steps=self.step_no,
             **self.weights.stats(),
             **self.admitter.stats(),

@@ -99,6 +99,16 @@ SCHEDULER_FIGURES = {
     "pins_taken": ("radixrt:kv_pins_total", "requests whose cache_control pin was granted"),
     "pins_refused": ("radixrt:kv_pins_refused_total", "requests refused for passing a pin budget"),
     "pinned_pages_expired": ("radixrt:kv_pinned_pages_expired_total", "pinned pages whose TTL ended"),
+    "tier_load_pages": ("radixrt:kv_tier_load_pages_total", "lower-tier pages a request read that were loaded, "
+                        "being measured faster to load than to recompute"),
+    "tier_recompute_pages": ("radixrt:kv_tier_recompute_pages_total", "lower-tier pages a request read that were "
+                             "recomputed instead of loaded, being measured faster to recompute"),
+    "cost_h2d_s_per_page": ("radixrt:kv_tier_cost_h2d_seconds_per_page", "measured seconds to copy one KV page from "
+                            "host memory to the device (recent moves; 0: not measured)"),
+    "cost_disk_s_per_page": ("radixrt:kv_tier_cost_disk_seconds_per_page", "measured seconds to read one KV page from "
+                             "disk to the device (recent moves; 0: not measured)"),
+    "cost_prefill_s_per_token": ("radixrt:kv_tier_cost_prefill_seconds_per_token", "measured prefill seconds per "
+                                 "token at the batch sizes now running, before attention's share (0: not measured)"),
     "swaps_out": ("radixrt:swaps_out_total", "retracted requests whose KV was swapped to host memory"),
     "swaps_in": ("radixrt:swaps_in_total", "swapped requests brought back"),
     "recomputed_tokens": ("radixrt:recomputed_tokens_total", "tokens recomputed after retraction"),
@@ -133,7 +143,7 @@ DERIVED = ("kv_usage", "used_tokens", "max_total_tokens")
 INFO_ONLY = frozenset({
     "num_pages", "free_pages", "evictable_pages", "page_size", "forward_steps", "prompt_tokens",
     "cached_prompt_tokens", "jump_forward_tokens", "weight_updates", "weight_update_pending", "held_for_weight_update",
-    "kv_pool_bytes", "page_table_bytes", "weight_bytes",
+    "kv_pool_bytes", "page_table_bytes", "weight_bytes", "cost_attention_per_position", "cost_prefill_steps",
 })
 
 

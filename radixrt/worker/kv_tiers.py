@@ -30,7 +30,7 @@ import torch
 
 from radixrt.config_views import TierConfig
 from radixrt.kernels import PagedKVCache
-from radixrt.messages import DISK_PAGE_GLOB, DiskFaults, KVMove, MoveKind
+from radixrt.messages import DISK_PAGE_GLOB, DiskFaults, KVMove, MoveKind, MoveTime
 from radixrt.worker.disk_tier import DiskTier, PageFiles
 from radixrt.worker.kv_pool import available_host_bytes
 
@@ -150,7 +150,7 @@ class KVTierStore:
         self.disk: DiskTier | None = None
         if disk_dir is not None:
             self.disk = DiskTier(disk_dir, disk_pages, rank, sum(self._page_bytes), max_disk_errors, files)
-        self.seconds = 0.0  # spent moving since the last take_seconds()
+        self._times: dict[MoveKind, tuple[int, float]] = {}  # kind -> (pages, seconds) since take_times()
         self._handlers: dict[MoveKind, Callable[[KVMove], None]] = {
             MoveKind.D2H: self._d2h,
             MoveKind.H2D: self._h2d,
@@ -170,17 +170,33 @@ class KVTierStore:
     def take_faults(self) -> DiskFaults | None:
         return self.disk.take_faults() if self.disk is not None else None
 
-    def take_seconds(self) -> float:
-        out, self.seconds = self.seconds, 0.0
+    def take_times(self) -> list[MoveTime]:
+        """Pages moved and seconds spent, per kind, since the last call."""
+        out = [MoveTime(kind, pages, seconds) for kind, (pages, seconds) in self._times.items()]
+        self._times = {}
         return out
 
     def run(self, moves: list[KVMove]) -> None:
+        """The moves, in order, each timed to its end on the device (the scheduler's cost estimates
+        need each kind's own time; consecutive moves of a kind come merged, so syncs are few)."""
+        for m in moves:
+            seconds = self.time_moves([m])
+            pages, total = self._times.get(m.kind, (0, 0.0))
+            self._times[m.kind] = (pages + max(len(m.src), len(m.dst), len(m.keys)), total + seconds)
+
+    def time_moves(self, moves: list[KVMove]) -> float:
+        """Run moves (in order) and return the seconds they took to their end on the device,
+        without counting them in take_times() (the start-up probe's moves are not service)."""
         start = time.perf_counter()
         for m in moves:
             self._handlers[m.kind](m)
+        self.sync()
+        return time.perf_counter() - start
+
+    def sync(self) -> None:
+        """Wait for the device's copies to end."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.seconds += time.perf_counter() - start
 
     def _ids(self, ids: list[int], device: torch.device) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.int64, device=device)
@@ -207,12 +223,17 @@ class KVTierStore:
         disk tier's faults tell the scheduler to recompute what reads it."""
         disk = self._disk()
         read = [(page, disk.read(key, page)) for key, page in zip(m.keys, m.dst)]
-        pages = [self._split(data) for _, data in read if data is not None]  # per page: one tensor per buffer
-        if not pages:
+        self.files_to_device([data for _, data in read if data is not None],
+                             [page for page, data in read if data is not None])
+
+    def files_to_device(self, files: list[bytes], pages: list[int]) -> None:
+        """Page files' bytes into device pages (files[i] into pages[i])."""
+        if not files:
             return
-        dst = self._ids([page for page, data in read if data is not None], self.device)
+        split = [self._split(data) for data in files]  # per page: one tensor per buffer
+        dst = self._ids(pages, self.device)
         for i, d in enumerate(self.cache.buffers):
-            d[dst] = torch.stack([p[i] for p in pages]).to(self.device)
+            d[dst] = torch.stack([p[i] for p in split]).to(self.device)
 
     def _drop(self, m: KVMove) -> None:
         for key in m.keys:
@@ -224,9 +245,8 @@ class KVTierStore:
 
     def _write_files(self, tensors: list[torch.Tensor], keys: list[str]) -> None:
         """tensors[i]: [len(keys), ...] pages of buffer i; one file per key."""
-        raw = [t.contiguous().view(torch.uint8).reshape(len(keys), -1).numpy() for t in tensors]
-        for j, key in enumerate(keys):
-            self._disk().write(key, [r[j].tobytes() for r in raw])
+        for key, chunks in zip(keys, page_chunks(tensors)):
+            self._disk().write(key, chunks)
 
     def _split(self, data: bytes) -> list[torch.Tensor]:
         """One page file's bytes as one tensor per buffer."""
@@ -235,3 +255,9 @@ class KVTierStore:
             out.append(flat[pos : pos + n].view(b.dtype).reshape(b.shape[1:]))
             pos += n
         return out
+
+
+def page_chunks(tensors: list[torch.Tensor]) -> list[list[bytes]]:
+    """tensors[i]: [pages, ...] pages of buffer i (on the CPU); per page, its page file's chunks."""
+    raw = [t.contiguous().view(torch.uint8).reshape(t.shape[0], -1).numpy() for t in tensors]
+    return [[r[j].tobytes() for r in raw] for j in range(tensors[0].shape[0])]

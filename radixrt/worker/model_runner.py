@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import torch
 
@@ -60,6 +61,7 @@ from radixrt.worker.runner_setup import (
 )
 from radixrt.worker.sampler import Sampler, mask_disallowed
 from radixrt.worker.slot_table import SlotTable
+from radixrt.worker.tier_probe import TransferProbe, attention_per_position, probe_transfers
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +99,7 @@ class ModelRunner:
             self._check_quantized_kv()
         self.fingerprint = kv_fingerprint(args, self.dtype, self.cache, self.model_path)  # covers fp8's scales
         self.tiers = tier_store(args, rank, self.cache, self.bytes_per_token, self.fingerprint, device)
+        self.transfers = probe_transfers(self.tiers) if self.tiers is not None else TransferProbe()
         self.graphs = self._capture_decode_graphs()
         self.sampler = Sampler(args.max_running_requests, self.cfg.vocab_size, device)
         self.spot = spot_checker(args, self.model, self.cache, self.dtype, device, self.context_length,
@@ -195,6 +198,9 @@ class ModelRunner:
             bytes_per_token=self.bytes_per_token,
             page_bytes=self.bytes_per_token * self.page_size,
             **(self.tiers.describe() if self.tiers is not None else {}),
+            h2d_s_per_page=self.transfers.h2d_s_per_page,
+            disk2d_s_per_page=self.transfers.disk2d_s_per_page,
+            attention_per_position=attention_per_position(self.cfg),
             long_prompt_threshold=self.model.rope.long_from or 0,
             kv_pool_bytes=sum(b.nbytes for b in self.cache.buffers),
             page_table_bytes=self.slots.page_table.nbytes,
@@ -216,6 +222,7 @@ class ModelRunner:
 
         Every rank runs every entry's forward and page-table update, failed or not, so
         the ranks' KV stays in lockstep; failures only change what rank 0 answers."""
+        start = time.perf_counter()
         failed = self._apply_slot_changes(batch)  # entry index -> why; grown by sampling and logprobs
         entries = batch.entries
         meta, input_ids, positions = self._prepare(entries)
@@ -234,11 +241,13 @@ class ModelRunner:
         logprobs: list[EntryLogprobs | None] = []
         if rows.any_logprobs:
             logprobs = entry_logprobs(entries, rows, logits, ids, failed)
-        moved = self.tiers.take_seconds() if self.tiers is not None else 0.0
+        moved = self.tiers.take_times() if self.tiers is not None else []
         errors = [EntryError(i, failed[i]) for i in sorted(failed)]
         next_ids = [t for t in ids if t is not None]  # an entry that failed its sample has none
-        return BatchResult(step=batch.step, next_ids=next_ids, logprobs=logprobs, move_seconds=moved, errors=errors,
-                           page_mass=page_mass, memory=self.memory.due(), disk=disk)
+        # sampled ids are on the host: the device has finished the step (else, on CUDA, it may not have)
+        took = time.perf_counter() - start if next_ids or self.device.type != "cuda" else 0.0
+        return BatchResult(step=batch.step, next_ids=next_ids, logprobs=logprobs, move_times=moved,
+                           forward_seconds=took, errors=errors, page_mass=page_mass, memory=self.memory.due(), disk=disk)
 
     def _sample(
         self, entries: list[BatchEntry], rows: LogitRows, logits: torch.Tensor, failed: dict[int, str]
