@@ -93,6 +93,16 @@ class FinishReason(msgspec.Struct, omit_defaults=True):
 TopLogprobs = list[tuple[float, int]]  # (logprob, token id), best first
 
 
+class CachedTokensDetail(msgspec.Struct, array_like=True):
+    """Where a request's cached prompt tokens came from (SGLang's cached_tokens_details): the
+    device pool (the radix tree, a partially matching page included), pages loaded back from the
+    host tier, and pages loaded from the disk tier. device + host + (storage or 0) == cached_tokens."""
+
+    device: int
+    host: int
+    storage: int | None = None  # None: the server has no disk tier
+
+
 class ReqOutput(msgspec.Struct, array_like=True):
     """What one request produced in one step."""
 
@@ -108,6 +118,8 @@ class ReqOutput(msgspec.Struct, array_like=True):
     # seconds from its arrival at the scheduler to its first schedule (SGLang's queue_time); on
     # the first output after that, else None
     queue_time: float | None = None
+    # cached_tokens by tier, with the hierarchical cache on and a hit; else None (as SGLang)
+    cached_details: CachedTokensDetail | None = None
 
 
 class TokenBatchOut(msgspec.Struct, tag=True):

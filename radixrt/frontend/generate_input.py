@@ -49,6 +49,9 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     # has it, the two together never colliding); cache_salt is radixrt's native spelling, extra_key SGLang's.
     cache_salt: Union[Salt, list[Salt], None] = None
     extra_key: Union[Salt, list[Salt], None] = None
+    # SGLang's OpenAI field, accepted here too: /generate writes meta_info.cached_tokens_details
+    # whether asked or not, as SGLang 0.5.9's /generate does
+    return_cached_tokens_details: bool = False
     # Not SGLang's field, but sglang-router adds it to what it forwards (and SGLang's /generate drops
     # unknown fields): accepted, and it selects nothing (one model per server).
     model: Any = None

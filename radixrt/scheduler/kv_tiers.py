@@ -31,6 +31,7 @@ from pathlib import Path
 from radixrt.cache.tier_index import TierIndex, is_page_key
 from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_key, disk_page_name
 from radixrt.namespace import CacheNamespace
+from radixrt.scheduler.kv_handle import TierLoad
 
 logger = logging.getLogger(__name__)
 
@@ -181,16 +182,20 @@ class KVTiers:
         for key in keys:
             (self.host if key in self.host else self.disk).get(key)
 
-    def load(self, keys: list[str], device_pages: list[int]) -> None:
-        """Copy keys' pages (all held: see hits) into device_pages."""
+    def load(self, keys: list[str], device_pages: list[int]) -> TierLoad:
+        """Copy keys' pages (all held: see hits) into device_pages; returns how many came from where."""
+        host = disk = 0
         for key, page in zip(keys, device_pages):
             if key in self.host:
                 self._emit(MoveKind.H2D, [self.host.get(key)], [page])
                 self.counters["host_hit_pages"] += 1
+                host += 1
             else:
                 self.disk.get(key)
                 self._emit(MoveKind.DISK2D, [], [page], [key])
                 self.counters["disk_hit_pages"] += 1
+                disk += 1
+        return TierLoad(host, disk)
 
     # -- preemption by swapping -------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixrt.constrained.grammar import Matcher
-from radixrt.messages import FinishReason, TokenizedRequest, TopLogprobs
+from radixrt.messages import CachedTokensDetail, FinishReason, TokenizedRequest, TopLogprobs
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace, RopeMode
 from radixrt.retention.policies import RetentionBudget
 from radixrt.sampling_params import SamplingParams
@@ -41,6 +41,7 @@ class Req:
     stops: StopState | None = None  # its stop check's progress (scheduler/stop.py makes it at the first check)
     recompute_len: int = 0  # tokens of KV it had when retracted to recompute
     cached_tokens: int = -1  # prompt tokens reused from the prefix cache at first admission (-1: not yet)
+    cached_details: CachedTokensDetail | None = None  # cached_tokens by tier (scheduler/cache_hits.py)
     slot: int | None = None  # worker slot while running
     slot_initialized: bool = False  # the worker has this request's sampling state
     admitted_at: int = 0  # admission counter, for retraction order
