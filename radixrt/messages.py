@@ -32,6 +32,12 @@ class TokenizedRequest(msgspec.Struct, tag=True):
     namespace: CacheNamespace = DEFAULT_NAMESPACE  # its prefix cache: different namespaces never share pages
     # the bounded-KV settings it runs under, resolved at the door (radixrt/retention/rules.py); None: keeps all its KV
     retention: Retention | None = None
+    # seconds its prompt's full pages stay cached (its cache_control, resolved at the door:
+    # frontend/cache_control.py); None: no pin. At most MAX_PIN_TTL_S.
+    pin_ttl: float | None = None
+
+
+MAX_PIN_TTL_S = 24 * 3600.0  # the longest pin a request may ask for
 
 
 class AbortRequest(msgspec.Struct, tag=True):

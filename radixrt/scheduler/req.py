@@ -35,6 +35,7 @@ class Req:
     namespace: CacheNamespace = DEFAULT_NAMESPACE  # its prefix cache (with the rope mode of a longrope model)
     long_rope: bool = False  # a longrope model's request past its original context: long rope factors
     retention: RetentionBudget | None = None  # its bounded-KV policy's pages (None: it keeps all its KV)
+    pin_ttl: float | None = None  # seconds its prompt's full pages stay cached (None: no pin)
     output_ids: list[int] = field(default_factory=list)
     kv: KVHandle = field(default_factory=KVHandle)  # its pages (KVMemory writes, everyone else reads)
     grammar: Matcher | None = None  # a constrained request's position in its grammar
@@ -54,7 +55,8 @@ class Req:
 
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:
-        return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.namespace)
+        return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.namespace,
+                   pin_ttl=m.pin_ttl)
 
     @property
     def prompt_len(self) -> int:

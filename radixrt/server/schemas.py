@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 
 from radixrt.errors import RequestError, from_validation
+from radixrt.frontend.cache_control import CacheControl
 from radixrt.frontend.generate_input import GenerateRequest, Salt
 from radixrt.sampling_params import Int64, NonNegInt
 
@@ -72,6 +73,8 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The prefix-cache namespace of the two (generate_input.cache_namespace: never ambiguous)
     cache_salt: Salt | None = None
     extra_key: Salt | None = None
+    # radixrt's: keep the prompt cached for a time (frontend/cache_control.py)
+    cache_control: CacheControl | None = None
     # SGLang's extra sampling fields
     top_k: Int64 | None = None
     min_p: float | None = None
