@@ -32,6 +32,12 @@ class TokenizedRequest(msgspec.Struct, tag=True):
     namespace: CacheNamespace = DEFAULT_NAMESPACE  # its prefix cache: different namespaces never share pages
     # the bounded-KV settings it runs under, resolved at the door (radixrt/retention/rules.py); None: keeps all its KV
     retention: Retention | None = None
+    # seconds its prompt's full pages stay cached (its cache_control, resolved at the door:
+    # frontend/cache_control.py); None: no pin. At most MAX_PIN_TTL_S.
+    pin_ttl: float | None = None
+
+
+MAX_PIN_TTL_S = 24 * 3600.0  # the longest pin a request may ask for
 
 
 class AbortRequest(msgspec.Struct, tag=True):
@@ -93,6 +99,16 @@ class FinishReason(msgspec.Struct, omit_defaults=True):
 TopLogprobs = list[tuple[float, int]]  # (logprob, token id), best first
 
 
+class CachedTokensDetail(msgspec.Struct, array_like=True):
+    """Where a request's cached prompt tokens came from (SGLang's cached_tokens_details): the
+    device pool (the radix tree, a partially matching page included), pages loaded back from the
+    host tier, and pages loaded from the disk tier. device + host + (storage or 0) == cached_tokens."""
+
+    device: int
+    host: int
+    storage: int | None = None  # None: the server has no disk tier
+
+
 class ReqOutput(msgspec.Struct, array_like=True):
     """What one request produced in one step."""
 
@@ -108,6 +124,8 @@ class ReqOutput(msgspec.Struct, array_like=True):
     # seconds from its arrival at the scheduler to its first schedule (SGLang's queue_time); on
     # the first output after that, else None
     queue_time: float | None = None
+    # cached_tokens by tier, with the hierarchical cache on and a hit; else None (as SGLang)
+    cached_details: CachedTokensDetail | None = None
 
 
 class TokenBatchOut(msgspec.Struct, tag=True):

@@ -286,14 +286,31 @@ def test_the_disk_tier_is_keyed_by_the_weights_content_not_their_place(llama_pat
 # -- through the engine ------------------------------------------------------------------
 
 
-def run_documents(engine, groups, passes=2):
+def run_documents(engine, groups, passes=2, metas=None):
     """Document by document; every other pass backwards, so the recent documents are in
-    host memory and the older ones on disk (a forward cycle always misses an LRU tier)."""
+    host memory and the older ones on disk (a forward cycle always misses an LRU tier).
+    metas: a list that gets every result's meta_info."""
     out = []
     for p in range(passes):
         for prompts in groups if p % 2 == 0 else groups[::-1]:
-            out.append([r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=GREEDY)])
+            results = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+            out.append([r["output_ids"] for r in results])
+            if metas is not None:
+                metas += [r["meta_info"] for r in results]
     return out
+
+
+def tier_split(metas) -> dict[str, int]:
+    """The cached tokens of these results by tier, summed; each result's split adds up to its cached_tokens."""
+    total = {"device": 0, "host": 0, "storage": 0}
+    for m in metas:
+        d = m["cached_tokens_details"]
+        assert (d is None) == (m["cached_tokens"] == 0), m  # SGLang: a detail for every hit, with the tiers on
+        if d is not None:
+            assert d["device"] + d["host"] + d["storage"] == m["cached_tokens"] and d["storage_backend"] == "file", m
+            for k in total:
+                total[k] += d[k]
+    return total
 
 
 @pytest.fixture(scope="module")
@@ -317,11 +334,15 @@ def test_hierarchical_cache_gives_the_same_tokens_and_loads_from_host_and_disk(l
         cache_off = computed_prompt_tokens(e.get_server_info())
     # host holds about two documents, disk the rest: the second pass reaches both
     tiers = dict(enable_hierarchical_cache=True, hicache_ratio=1.0, hicache_dir=str(tmp_path), hicache_disk_size=0.01)
+    metas: list = []
     with radixrt.Engine(model_path=str(llama_path), **SMALL_POOL, **tiers) as e:
-        assert run_documents(e, documents) == reference
+        assert run_documents(e, documents, metas=metas) == reference
         info = e.get_server_info()
         assert_no_page_leak(e)
     assert info["host_hit_pages"] > 0 and info["disk_hit_pages"] > 0, info
+    split = tier_split(metas)  # a retracted request loads again: the counters may count more than the hits
+    assert 0 < split["host"] <= 16 * info["host_hit_pages"] and 0 < split["storage"] <= 16 * info["disk_hit_pages"]
+    assert split["device"] > 0, split
     assert info["pages_d2h"] > 0 and info["pages_h2disk"] > 0 and info["tier_move_seconds"] > 0
     assert computed_prompt_tokens(info) < 0.4 * cache_off, (computed_prompt_tokens(info), cache_off)
 
@@ -374,16 +395,28 @@ def test_the_disk_tier_outlives_the_server_for_the_same_model_only(model_paths, 
     with running_server(llama, *args) as (url, _):
         again, info = ask(url, [8, 9])
         metrics = requests.get(url + "/metrics", timeout=10).text
+        # the document is on the device now; the OpenAI routes say so in sglext when asked
+        body = {"prompt": doc + [8, 9], "max_tokens": 1, "return_cached_tokens_details": True}
+        completion = requests.post(url + "/v1/completions", json=body, timeout=60).json()
     assert metric(metrics, "radixrt:disk_hit_pages_total") == info["disk_hit_pages"]
     assert metric(metrics, "radixrt:kv_bytes_per_token") == info["bytes_per_token"] > 0
     assert again["meta_info"]["cached_tokens"] >= 384 and info["disk_hit_pages"] >= 24, (again["meta_info"], info)
+    storage = 16 * info["disk_hit_pages"]  # loaded from the disk tier, all of it for this one request
+    assert again["meta_info"]["cached_tokens_details"] == {
+        "device": again["meta_info"]["cached_tokens"] - storage, "host": 0, "storage": storage, "storage_backend": "file"}
+    assert metric(metrics, "sglang:cached_tokens_total", 'cache_source="storage_file"') == storage
+    details = completion["sglext"]["cached_tokens_details"]
+    assert details["device"] == completion["usage"]["prompt_tokens_details"]["cached_tokens"] >= 384, completion
+    assert (details["host"], details["storage"], details["storage_backend"]) == (0, 0, "file")
     with running_server(qwen, *args) as (url, _):
         other, info = ask(url, [8, 9])
     assert other["meta_info"]["cached_tokens"] == 0 and info["disk_hit_pages"] == 0
 
 
-def metric(text: str, name: str) -> float:
-    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+def metric(text: str, name: str, label: str = "") -> float:
+    """The value of name's sample (with label among its labels, when given)."""
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith(name + " ") or label and line.startswith(name + "{") and label in line))
 
 
 @pytest.mark.parametrize(

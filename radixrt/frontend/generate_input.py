@@ -23,6 +23,7 @@ from typing import Annotated, Any, Union
 import msgspec
 
 from radixrt.errors import RequestError, from_validation
+from radixrt.frontend.cache_control import CacheControl, pin_ttl
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.sampling_params import Int64, NonNegInt, SamplingParams, SamplingParamsIn, refuse_unsupported
 
@@ -49,6 +50,11 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     # has it, the two together never colliding); cache_salt is radixrt's native spelling, extra_key SGLang's.
     cache_salt: Union[Salt, list[Salt], None] = None
     extra_key: Union[Salt, list[Salt], None] = None
+    # radixrt's: keep the prompt cached for a time (frontend/cache_control.py), one for all prompts or one each
+    cache_control: Union[CacheControl, list[Union[CacheControl, None]], None] = None
+    # SGLang's OpenAI field, accepted here too: /generate writes meta_info.cached_tokens_details
+    # whether asked or not, as SGLang 0.5.9's /generate does
+    return_cached_tokens_details: bool = False
     # Not SGLang's field, but sglang-router adds it to what it forwards (and SGLang's /generate drops
     # unknown fields): accepted, and it selects nothing (one model per server).
     model: Any = None
@@ -134,6 +140,7 @@ class GenerateItem:
     namespace: CacheNamespace = DEFAULT_NAMESPACE  # cache_namespace(cache_salt, extra_key)
     max_tokens_given: bool = True  # the client set max_new_tokens (checked against the context, as SGLang does)
     log_metrics: bool = True
+    pin_ttl: float | None = None  # seconds its prompt stays cached (cache_control; None: no pin)
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,7 @@ class GenerateInput:
         tops = _per_item(req.top_logprobs_num, n, "top_logprobs_num")
         namespaces = [cache_namespace(a, b) for a, b in zip(_per_item(req.cache_salt, n, "cache_salt"),
                                                             _per_item(req.extra_key, n, "extra_key"))]
+        pins = [pin_ttl(c) for c in _per_item(req.cache_control, n, "cache_control")]
         items = []
         for i in range(n):
             for k in range(params[i].n):
@@ -184,6 +192,7 @@ class GenerateInput:
                     return_logprob=bool(lps[i]), logprob_start_len=starts[i], top_logprobs_num=tops[i] or 0,
                     return_text_in_logprobs=req.return_text_in_logprobs, namespace=namespaces[i],
                     max_tokens_given=_max_tokens_given(raw_params[i]), log_metrics=req.log_metrics,
+                    pin_ttl=pins[i],
                 ))
         return cls(items, is_batch)
 

@@ -1,4 +1,9 @@
-"""ReqState: what the frontend knows of one request, and its result in SGLang's layout."""
+"""ReqState: what the frontend knows of one request, and its result in SGLang's layout.
+
+meta_info.cached_tokens_details is SGLang 0.5.9's: always there, None without the hierarchical
+cache or without a hit, else {"device", "host"} and, with a disk tier, "storage" and
+"storage_backend" (STORAGE_BACKEND: the disk tier is a file backend).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,21 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
-from radixrt.messages import FinishReason, ReqOutput, TopLogprobs
+from radixrt.messages import CachedTokensDetail, FinishReason, ReqOutput, TopLogprobs
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.sampling_params import SamplingParams
+
+STORAGE_BACKEND = "file"  # what cached_tokens_details names the disk tier (a file backend, in SGLang's terms)
+
+
+def cached_tokens_details(d: CachedTokensDetail | None) -> dict[str, Any] | None:
+    """The detail in SGLang's shape: {"device", "host"}, plus "storage" and "storage_backend" with a disk tier."""
+    if d is None:
+        return None
+    out: dict[str, Any] = {"device": d.device, "host": d.host}
+    if d.storage is not None:
+        out.update(storage=d.storage, storage_backend=STORAGE_BACKEND)
+    return out
 
 
 @dataclass
@@ -27,6 +44,7 @@ class ReqState:
     output_ids: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
     cached_tokens: int = 0
+    cached_details: CachedTokensDetail | None = None  # cached_tokens by tier (None: no tiers, or no hit)
     output_logprobs: list[float] = field(default_factory=list)
     output_top: list[TopLogprobs] = field(default_factory=list)
     input_logprobs: list[float | None] = field(default_factory=list)
@@ -57,6 +75,7 @@ class ReqState:
         self.output_top += out.output_top
         self.output_ids += out.new_ids
         self.cached_tokens = out.cached_tokens
+        self.cached_details = out.cached_details
         if out.input_logprobs is not None:
             self.input_logprobs = out.input_logprobs
             self.input_top = out.input_top
@@ -80,6 +99,7 @@ class ReqState:
             "prompt_tokens": len(self.prompt_ids),
             "completion_tokens": len(self.output_ids),
             "cached_tokens": self.cached_tokens,
+            "cached_tokens_details": cached_tokens_details(self.cached_details),
             "weight_version": self.weight_version,
             "e2e_latency": (self.finished_at or time.perf_counter()) - self.created,
         }

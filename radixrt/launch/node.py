@@ -54,11 +54,11 @@ def _server_context(args: ServerArgs, local: ServerArgs, backend: Backend, token
     backend is stopped if the manager fails to start."""
     from radixrt.frontend.tokenizer_manager import TokenizerManager
     from radixrt.server.http_common import ServerContext
-    from radixrt.server.metrics import ServerMetrics
+    from radixrt.server.metrics import ServerMetrics, cache_sources
 
     holder: dict[str, ServerContext] = {}
     metrics = ServerMetrics(lambda: holder["ctx"].manager.stats(), lambda: holder["ctx"].manager.cache_report.report(),
-                            args.model_name)
+                            args.model_name, cache_sources(args.enable_hierarchical_cache, args.hicache_dir is not None))
     try:
         manager = TokenizerManager(local, backend.addrs, backend.worker, backend.check_alive, observer=metrics.observe,
                                    model_path=args.model_path, tokenizer=tokenizer)

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from radixrt.messages import FinishReason, ReqOutput, TokenizedRequest
+from radixrt.messages import MAX_PIN_TTL_S, FinishReason, ReqOutput, TokenizedRequest
 
 
 def bad_request(why: str) -> FinishReason:
@@ -56,6 +56,8 @@ def request_problem(msg: TokenizedRequest, vocab_size: int, context_length: int 
         return f"logprob_start_len: must be in [-1, {len(ids)}), got {msg.logprob_start_len}"
     if msg.top_logprobs_num < 0:
         return f"top_logprobs_num: must be >= 0, got {msg.top_logprobs_num}"
+    if msg.pin_ttl is not None and not 0 < msg.pin_ttl <= MAX_PIN_TTL_S:
+        return f"cache_control: a pin lasts more than 0 and at most {MAX_PIN_TTL_S:g} seconds, got {msg.pin_ttl}"
     if msg.sampling.max_new_tokens is None:  # the frontend turns null into the room left in the context
         return "max_new_tokens: null must be resolved against the context before it reaches the scheduler"
     try:

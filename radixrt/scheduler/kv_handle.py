@@ -12,6 +12,14 @@ from dataclasses import dataclass, field
 from radixrt.cache import Node
 
 
+@dataclass(frozen=True)
+class TierLoad:
+    """Pages one admission loaded into the device pool from the tiers below it."""
+
+    host_pages: int = 0
+    disk_pages: int = 0
+
+
 @dataclass(eq=False)
 class KVHandle:
     pages: list[int] = field(default_factory=list)  # page table: KV of positions [0, kv_len)
@@ -21,6 +29,7 @@ class KVHandle:
     dup_pages: list[int] = field(default_factory=list)  # our pages among those whose tokens the cache already had
     lock_node: Node | None = None  # deepest prefix-cache node this request pins
     page_keys: list[str] = field(default_factory=list)  # content keys of leading full pages (lower tiers); a memo
+    loaded: TierLoad = TierLoad()  # what its latest admission loaded from host memory and disk
     swap_slots: list[int] = field(default_factory=list)  # host slots holding its KV while swapped out
     swapped_len: int = 0  # tokens of KV in swap_slots
     # bounded-KV retention: tokens whose pages were dropped (every page is then the request's own, and

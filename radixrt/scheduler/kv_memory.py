@@ -38,6 +38,7 @@ from radixrt.cache.tier_index import namespace_id, page_keys
 from radixrt.messages import KVMove, Retain
 from radixrt.retention import drop_plan
 from radixrt.scheduler.kv_tiers import SELECTIVE_HITS, KVTiers, no_tier_stats
+from radixrt.scheduler.kv_handle import TierLoad
 from radixrt.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
@@ -205,6 +206,7 @@ class KVMemory:
         """Go on from a locked tree match into the lower tiers: load (up to max_pages of) the
         pages they hold into device pages, which join the tree (pinned, as m was). m is consumed."""
         ps, start = self.page_size, len(m.pages)
+        r.kv.loaded = TierLoad()
         keys = self._tier_keys(r, start)
         n = min(self.tiers.hits(keys), max_pages) if keys else 0
         if n:  # load only as far as loading is faster than recomputing (tier_costs.py)
@@ -217,7 +219,7 @@ class KVMemory:
         self.allocator.free(pages[n:])
         if n == 0:
             return m
-        self.tiers.load(keys[:n], pages[:n])
+        r.kv.loaded = self.tiers.load(keys[:n], pages[:n])
         res = self.cache.insert(r.tokens(0, (start + n) * ps), m.pages + pages[:n], r.namespace,
                                 self._keys(r, start + n))
         self._flag_pins(res.node)

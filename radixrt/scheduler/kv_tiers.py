@@ -44,6 +44,7 @@ from radixrt.cache.tier_index import TierIndex, is_page_key, parents_of
 from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_key, disk_page_name
 from radixrt.namespace import CacheNamespace
 from radixrt.scheduler.tier_costs import TierCosts
+from radixrt.scheduler.kv_handle import TierLoad
 
 logger = logging.getLogger(__name__)
 
@@ -395,8 +396,8 @@ class KVTiers:
         for key in keys:
             (self.host if key in self.host else self.disk).get(key)
 
-    def load(self, keys: list[str], device_pages: list[int]) -> tuple[int, int]:
-        """Copy keys' pages (all held: see hits) into device_pages; returns how many came from host and from disk."""
+    def load(self, keys: list[str], device_pages: list[int]) -> TierLoad:
+        """Copy keys' pages (all held: see hits) into device_pages; returns how many came from where."""
         host = disk = 0
         for key, page in zip(keys, device_pages):
             if key in self.host:
@@ -408,7 +409,7 @@ class KVTiers:
                 disk += 1
         self.counters["host_hit_pages"] += host
         self.counters["disk_hit_pages"] += disk
-        return host, disk
+        return TierLoad(host, disk)
 
     def set_pinned(self, key: str, pinned: bool) -> None:
         """KVMemory pinned or unpinned key (its pinned set already says so): reorder it in each tier."""

@@ -26,7 +26,8 @@ class StepOutputs:
         """r after a step that ran (next_id: its sampled token, if any): its output, finish, logprobs.
         None: nothing to tell the frontend. Raises when the grammar does not allow the token."""
         collect_prompt_logprobs(r, lp)
-        out = ReqOutput(r.rid, [], prompt_tokens=r.prompt_len, cached_tokens=max(r.cached_tokens, 0))
+        out = ReqOutput(r.rid, [], prompt_tokens=r.prompt_len, cached_tokens=max(r.cached_tokens, 0),
+                        cached_details=r.cached_details)
         attach_prompt_logprobs(r, out)
         if next_id is not None:
             r.output_ids.append(next_id)

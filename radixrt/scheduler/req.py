@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixrt.constrained.grammar import Matcher
-from radixrt.messages import FinishReason, TokenizedRequest, TopLogprobs
+from radixrt.messages import CachedTokensDetail, FinishReason, TokenizedRequest, TopLogprobs
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace, RopeMode
 from radixrt.retention.policies import RetentionBudget
 from radixrt.sampling_params import SamplingParams
@@ -35,13 +35,14 @@ class Req:
     namespace: CacheNamespace = DEFAULT_NAMESPACE  # its prefix cache (with the rope mode of a longrope model)
     long_rope: bool = False  # a longrope model's request past its original context: long rope factors
     retention: RetentionBudget | None = None  # its bounded-KV policy's pages (None: it keeps all its KV)
+    pin_ttl: float | None = None  # seconds its prompt's full pages stay cached (None: no pin)
     output_ids: list[int] = field(default_factory=list)
     kv: KVHandle = field(default_factory=KVHandle)  # its pages (KVMemory writes, everyone else reads)
     grammar: Matcher | None = None  # a constrained request's position in its grammar
     stops: StopState | None = None  # its stop check's progress (scheduler/stop.py makes it at the first check)
     recompute_len: int = 0  # tokens of KV it had when retracted to recompute
     cached_tokens: int = -1  # prompt tokens reused from the prefix cache at first admission (-1: not yet)
-    pin_ttl: float | None = None  # seconds its prompt's pages stay cached (cache_control; None: no pin)
+    cached_details: CachedTokensDetail | None = None  # cached_tokens by tier (scheduler/cache_hits.py)
     slot: int | None = None  # worker slot while running
     slot_initialized: bool = False  # the worker has this request's sampling state
     admitted_at: int = 0  # admission counter, for retraction order
@@ -54,7 +55,8 @@ class Req:
 
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:
-        return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.namespace)
+        return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.namespace,
+                   pin_ttl=m.pin_ttl)
 
     @property
     def prompt_len(self) -> int:

@@ -44,6 +44,7 @@ from radixrt.scheduler.bad_input import bad_request, internal_error, rejection, 
 from radixrt.retention.counters import RetentionCounters
 from radixrt.retention.rules import RetentionRules
 from radixrt.scheduler.budget import AdmissionBudget
+from radixrt.scheduler.cache_hits import cached_details
 from radixrt.scheduler.figures import SchedulerFigures
 from radixrt.scheduler.grammars import GrammarWaitlist
 from radixrt.scheduler.intake import Intake
@@ -266,6 +267,7 @@ class Scheduler:
         if r.cached_tokens < 0:  # first admission: count the hit
             self.retention.count_request(r)
             r.cached_tokens = r.kv_len
+            r.cached_details = cached_details(r.kv_len, r.kv.loaded, self.mem.page_size, self.mem.tiers)
             self.counters["prompt_tokens"] += r.prompt_len
             self.counters["cached_prompt_tokens"] += r.kv_len
         self.counters["recomputed_tokens"] += max(0, r.recompute_len - r.kv_len)
@@ -354,7 +356,8 @@ class Scheduler:
     def _finish(self, r: Req, reason: FinishReason) -> None:
         """r ends now, wherever it is (waiting, compiling its grammar, running or swapped out)."""
         r.finish = reason
-        self.outbox.append(ReqOutput(r.rid, [], reason, r.prompt_len, max(r.cached_tokens, 0)))
+        self.outbox.append(ReqOutput(r.rid, [], reason, r.prompt_len, max(r.cached_tokens, 0),
+                                     cached_details=r.cached_details))
         if r in self.waiting:
             self.waiting.remove(r)
         self.grammars.remove(r)

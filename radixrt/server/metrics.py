@@ -20,8 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from radixrt.frontend.cache_findings import DIVERGENCE_BUCKETS
 from radixrt.frontend.cache_report import divergence_position
-from radixrt.frontend.req_state import ReqState
-from radixrt.messages import ReqOutput, SchedulerStats
+from radixrt.frontend.req_state import STORAGE_BACKEND, ReqState, cached_tokens_details
+from radixrt.messages import CachedTokensDetail, ReqOutput, SchedulerStats
 
 # SGLang's default buckets, with finer ones below them: a small model on a CPU answers in milliseconds
 _FINE = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05)
@@ -210,11 +210,35 @@ class _CacheReportCollector:
                                 value=rep["shared_prefix"]["hit_rate"])
 
 
+def cache_sources(hierarchical: bool, disk: bool) -> tuple[str, ...]:
+    """The cache_source values of sglang:cached_tokens_total a server reports (SGLang 0.5.9's):
+    "total" without the hierarchical cache; "device" and "host" with it, and "storage_file" with a disk tier."""
+    if not hierarchical:
+        return ("total",)
+    return ("device", "host") + ((f"storage_{STORAGE_BACKEND}",) if disk else ())
+
+
+def cached_by_source(cached: int, details: CachedTokensDetail | None) -> dict[str, int]:
+    """One finished request's cached tokens by cache_source, as SGLang counts them: by tier when
+    the detail is there (tiers with none left out), else all of them as "total"."""
+    if cached <= 0:
+        return {}
+    d = cached_tokens_details(details)
+    if d is None:
+        return {"total": cached}
+    out = {"device": d["device"], "host": d["host"]}
+    if "storage" in d:
+        out[f"storage_{d['storage_backend']}"] = d["storage"]
+    return {source: n for source, n in out.items() if n > 0}
+
+
 class ServerMetrics:
     def __init__(self, scheduler_stats: Callable[[], SchedulerStats],
-                 cache_report: Callable[[], dict[str, Any]] | None = None, model_name: str = "") -> None:
+                 cache_report: Callable[[], dict[str, Any]] | None = None, model_name: str = "",
+                 sources: tuple[str, ...] = ("total",)) -> None:
         """scheduler_stats and cache_report (CacheDiagnosis.report, optional) are read at each scrape;
-        model_name: the served model name (SGLang's model_name label)."""
+        model_name: the served model name (SGLang's model_name label); sources: the cache_source
+        values this server reports (cache_sources), each shown from 0."""
         self.registry = r = CollectorRegistry()
         self.model = model_name
         m = ["model_name"]
@@ -243,7 +267,9 @@ class ServerMetrics:
         self.prompt_tokens = count("sglang:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = count("sglang:generation_tokens", "Number of generation tokens processed.")
         self.cached_tokens = Counter("sglang:cached_tokens", "Number of cached prompt tokens by source "
-                                     "(device/host/storage).", m + ["cache_source"], registry=r).labels(model_name, "total")
+                                     "(device/host/storage).", m + ["cache_source"], registry=r)
+        for source in sources:
+            self.cached_tokens.labels(model_name, source)
         self.num_requests = count("sglang:num_requests", "Number of requests processed.")
         self.aborted = count("sglang:num_aborted_requests", "Number of requests aborted.")
         self.aborted_by_cause = Counter("radixrt:aborted_requests", "requests a client aborted, by cause (abort_request, "
@@ -280,7 +306,8 @@ class ServerMetrics:
         prompt, output = len(state.prompt_ids), len(state.output_ids) + len(out.new_ids)
         self.e2e.observe(now - state.created)
         self.prompt_tokens.inc(prompt)
-        self.cached_tokens.inc(out.cached_tokens)
+        for source, n in cached_by_source(out.cached_tokens, out.cached_details).items():
+            self.cached_tokens.labels(self.model, source).inc(n)
         self.num_requests.inc()
         self.prompt_len.observe(prompt)
         self.output_len.observe(output)

@@ -70,9 +70,8 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         refuse_unsupported(body, COMPLETION_UNSUPPORTED)
         text, ids = _split_prompt(body.prompt)
         sampling = _sampling(body, {"max_new_tokens": body.max_tokens if body.max_tokens is not None else COMPLETION_MAX_TOKENS})
-        req = GenerateRequest(text=text, input_ids=ids, sampling_params=sampling, return_logprob=body.logprobs is not None,
-                              top_logprobs_num=body.logprobs or 0, return_text_in_logprobs=True, rid=body.rid,
-                              cache_salt=body.cache_salt, extra_key=body.extra_key)
+        req = native_request(body, text=text, input_ids=ids, sampling_params=sampling,
+                             return_logprob=body.logprobs is not None, top_logprobs_num=body.logprobs or 0)
         return await respond(ctx, request, body, req, completion_choice, body.logprobs is not None)
 
     @app.post("/v1/chat/completions", openapi_extra=body_schema("ChatCompletionRequest"))
@@ -99,11 +98,17 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         if named is not None and not body.ignore_eos:  # SGLang adds a named template's stop strings
             overrides["stop"] = named.stops_with(body.stop)
         sampling = with_defaults(_sampling(body, overrides), ctx.manager.sampling_defaults)  # generation_config.json's
-        req = GenerateRequest(input_ids=ids, sampling_params=sampling, return_logprob=body.logprobs,
-                              top_logprobs_num=body.top_logprobs or 0, return_text_in_logprobs=True, rid=body.rid,
-                              cache_salt=body.cache_salt, extra_key=body.extra_key)
+        req = native_request(body, input_ids=ids, sampling_params=sampling, return_logprob=body.logprobs,
+                             top_logprobs_num=body.top_logprobs or 0)
         view = ToolChatView(tools) if tools.parses else chat_choice
         return await respond(ctx, request, body, req, view, body.logprobs)
+
+
+def native_request(body: OpenAISampling, **fields: Any) -> GenerateRequest:
+    """The native request of an OpenAI one: its prompt, sampling and logprob fields (given), and
+    what both routes pass through alike (rid, the cache namespace, cache_control)."""
+    return GenerateRequest(return_text_in_logprobs=True, rid=body.rid, cache_salt=body.cache_salt,
+                           extra_key=body.extra_key, cache_control=body.cache_control, **fields)
 
 
 def _sampling(body: OpenAISampling, overrides: dict[str, Any]) -> SamplingParamsIn:

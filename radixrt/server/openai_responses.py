@@ -5,7 +5,7 @@ or a delta (and per-token logprobs with bytes); with tools, ToolChatView reads c
 of the text: the constrained call array (tool_choice required or a named function) or
 what --tool-call-parser finds (auto), holding back a stream's text that may be a call.
 Usage counts a prompt shared by parallel samples once; stream_options put it at the end
-or in every chunk.
+or in every chunk. A whole answer carries SGLang's `sglext` when asked (cached tokens by tier).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixrt.frontend.generate_input import GenerateRequest
-from radixrt.frontend.req_state import ReqState
+from radixrt.frontend.req_state import ReqState, cached_tokens_details
 from radixrt.server.http_common import (
     SSE_DONE, ApiError, ServerContext, Submission, counted, error_body, event_stream, failure, generate_input,
     json_response, sse
@@ -182,7 +182,16 @@ async def respond(ctx: ServerContext, request: Request, body: OpenAISampling, re
     choices = [view(tok, s, i, s.result(tok)["text"], (0, len(s.output_ids)) if logprobs else None, False)
                for i, s in enumerate(sub.states)]
     obj = "chat.completion" if chat else "text_completion"
-    return json_response({**meta, "object": obj, "choices": choices, "usage": _usage(sub.states)})
+    return json_response({**meta, "object": obj, "choices": choices, "usage": _usage(sub.states),
+                          **sglext(body, sub.states[0])})
+
+
+def sglext(body: OpenAISampling, first: ReqState) -> dict[str, Any]:
+    """SGLang's extensions of a whole (not streamed) answer: with return_cached_tokens_details,
+    {"sglext": {"cached_tokens_details": ...}} of the first choice's request, when it has one
+    (the hierarchical cache is on and it hit); else nothing, as SGLang leaves sglext out."""
+    details = cached_tokens_details(first.cached_details) if body.return_cached_tokens_details else None
+    return {"sglext": {"cached_tokens_details": details}} if details is not None else {}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 
 from radixrt.errors import RequestError, from_validation
+from radixrt.frontend.cache_control import CacheControl
 from radixrt.frontend.generate_input import GenerateRequest, Salt
 from radixrt.sampling_params import Int64, NonNegInt
 
@@ -72,6 +73,8 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The prefix-cache namespace of the two (generate_input.cache_namespace: never ambiguous)
     cache_salt: Salt | None = None
     extra_key: Salt | None = None
+    # radixrt's: keep the prompt cached for a time (frontend/cache_control.py)
+    cache_control: CacheControl | None = None
     # SGLang's extra sampling fields
     top_k: Int64 | None = None
     min_p: float | None = None
@@ -84,6 +87,8 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    # SGLang's: the answer's sglext.cached_tokens_details (not in streams, as in SGLang)
+    return_cached_tokens_details: bool = False
     # Fields this server does not honour: see the tables below.
     logit_bias: Any = None
     stop_regex: Any = None
@@ -97,7 +102,6 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     data_parallel_rank: Any = None
     return_hidden_states: Any = False
     return_routed_experts: Any = False
-    return_cached_tokens_details: Any = False
     priority: Any = None
 
 
@@ -151,7 +155,6 @@ OPENAI_UNSUPPORTED: dict[str, Any] = {
     "logit_bias": None, "stop_regex": None, "lora_path": None, "session_params": None, "custom_params": None,
     "custom_logit_processor": None, "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None,
     "data_parallel_rank": None, "return_hidden_states": False, "return_routed_experts": False,
-    "return_cached_tokens_details": False,
 }
 COMPLETION_UNSUPPORTED: dict[str, Any] = {**OPENAI_UNSUPPORTED, "echo": False, "suffix": None, "best_of": 1}
 CHAT_UNSUPPORTED: dict[str, Any] = {**OPENAI_UNSUPPORTED, "max_dynamic_patch": None, "min_dynamic_patch": None}
