@@ -4,10 +4,10 @@ a device pool of a quarter of its working set, marks its pins, and interleaves i
 from __future__ import annotations
 
 import collections
+import itertools
 from pathlib import Path
 
 import pytest
-
 from gen_tenant_trace import PIN, SAMPLE, TraceSpec, make_trace, prefix_pages, to_jsonl, working_set_pages
 
 PAGE = 16
@@ -63,7 +63,7 @@ def test_every_request_starts_with_its_shared_prefix_and_popularity_falls_with_r
 def test_arrivals_interleave_tenants_and_chat_turns_extend_their_history(trace):
     assert [r["arrival"] for r in trace] == sorted(r["arrival"] for r in trace)
     assert [r["id"] for r in trace] == list(range(len(trace)))
-    switches = sum(a["tenant"] != b["tenant"] for a, b in zip(trace, trace[1:]))
+    switches = sum(a["tenant"] != b["tenant"] for a, b in itertools.pairwise(trace))
     assert switches > len(trace) / 2
     turns = collections.defaultdict(list)
     for r in trace:
@@ -72,7 +72,7 @@ def test_arrivals_interleave_tenants_and_chat_turns_extend_their_history(trace):
     assert sum(len(t) > 1 for t in turns.values()) >= 5
     for conv in turns.values():
         assert [r["turn"] for r in conv] == list(range(len(conv)))
-        for prev, nxt in zip(conv, conv[1:]):
+        for prev, nxt in itertools.pairwise(conv):
             assert nxt["input_ids"][: len(prev["input_ids"])] == prev["input_ids"]
             assert nxt["prefix_len"] > len(prev["input_ids"])  # its history holds the previous turn and a reply
 
