@@ -31,8 +31,9 @@ each run's median-tok/s round.
 
 Torch runs --threads intra-op threads (OMP_NUM_THREADS, inherited by the engines), 1 by default.
 NOTE: the engines' step loop is latency bound on the tiny model; on a busy machine its throughput
-falls several times over (measured: 43k tok/s quiet, 2.6k at load 7 on 2 cores). Read ratios from
-one run, on a quiet machine. Writes bench/results/kv_tiers.json and bench/results/kv_tiers.png.
+falls several times over (measured on 2 cores, tiers off: 43k tok/s on a 40-request trace when
+quiet, 2.6-5k tok/s on these traces at load 4-7). Read ratios from one run on a quiet machine, with
+--rounds 3 where it is not. Writes bench/results/kv_tiers.json and bench/results/kv_tiers.png.
 
     .venv/bin/python bench/kv_tiers.py            # 360 requests, every run (~1.5-3 min on 2 cores)
     .venv/bin/python bench/kv_tiers.py --quick    # 120 requests (examples/data/tenant_trace.jsonl's
