@@ -227,10 +227,14 @@ def test_a_failed_disk_read_is_recomputed_with_the_same_tokens(tmp_path):
 def test_lost_keys_leave_the_disk_index_and_a_tier_turned_off_is_forgotten(tmp_path):
     s, w = make(40, 4, {"host_pages": 40, "disk_dir": str(tmp_path), "disk_pages": 200}, enable_hierarchical_cache=True)
     tiers = s.mem.tiers
-    for key in "abc":
-        tiers.disk.put(key, tiers.disk.take_free())
+    for key in "abc":  # three sequences of one page each
+        tiers.disk.put(key, tiers.disk.take_free(), None, 0, 4)
+        tiers._entered(key, None)
+    tiers.disk.put("d", tiers.disk.take_free(), "c", 4, 4)  # d follows c
+    tiers._entered("d", "c")
     tiers.disk_failed(DiskFaults(["a", "c", "zz"], [], errors=2))  # zz: dropped from the index meanwhile
-    assert tiers.disk.keys() == ["b"] and tiers.take_moves() == [KVMove(MoveKind.DROP, keys=["a", "c"])]
+    moves = tiers.take_moves()  # c's loss takes d along: nothing could reach it
+    assert tiers.disk.keys() == ["b"] and moves == [KVMove(MoveKind.DROP, keys=["a", "c", "d"])]
     tiers.disk_failed(DiskFaults(["b"], [], errors=6, disabled=True))
     st = s.stats()
     assert st.disk_tier_enabled == 0 and st.disk_tier_errors == 8 and st.disk_pages == 0
