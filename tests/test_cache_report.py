@@ -299,4 +299,7 @@ def test_the_cli_reads_a_real_server(server, capsys):
     assert cache_report_main([server, "--first-n", "32"]) == 0
     out = capsys.readouterr().out
     assert "recent prompts:" in out and "within the first 32 tokens" in out
+    assert "unreachable pages: 0 " in out and "pinned pages: 0 of a budget of " in out  # an admin's report: every namespace
+    memory = requests.get(f"{server}/cache_report", timeout=10).json()["memory"]
+    assert memory["unreachable_pages"] == 0 and memory["pin_budget_pages"] > 0
     assert "radixrt:cache_report_prompts" in requests.get(f"{server}/metrics", timeout=10).text

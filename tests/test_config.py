@@ -22,6 +22,10 @@ from radixrt.config import ServerArgs
         ({"enable_hierarchical_cache": True, "disable_radix_cache": True}, "disable_radix_cache"),
         ({"enable_hierarchical_cache": True, "hicache_dir": "/tmp/x", "hicache_disk_size": 0}, "hicache_disk_size"),
         ({"swap_min_tokens": -5}, "swap_min_tokens"),
+        ({"radix_eviction_policy": "fifo"}, "radix_eviction_policy must be lru, lfu or cost"),
+        ({"hicache_write_policy": "write_around"}, "hicache_write_policy must be write_through"),
+        ({"max_pinned_fraction": 1.5}, "max_pinned_fraction"),
+        ({"max_pinned_namespace_fraction": -0.1}, "max_pinned_namespace_fraction"),
         ({"bogus_flag": 1}, "bogus_flag"),
     ],
 )
@@ -38,8 +42,10 @@ def test_the_cli_spells_the_new_flags_as_sglang():
     ns = parser.parse_args(["--model-path", "m", "--tp-size", "4", "--nnodes", "2", "--node-rank", "1",
                             "--dist-init-addr", "10.0.0.1:5000", "--kv-cache-dtype", "int8", "--enable-hierarchical-cache",
                             "--hicache-size", "2.5", "--hicache-dir", "/tmp/hc", "--preemption-mode", "swap",
-                            "--disable-cuda-graph", "--cuda-graph-max-bs", "64"])
+                            "--disable-cuda-graph", "--cuda-graph-max-bs", "64", "--radix-eviction-policy", "lfu",
+                            "--hicache-write-policy", "write_back", "--max-pinned-fraction", "0.1"])
     args = server_args_from(ns)
     assert (args.nnodes, args.node_rank, args.dist_init_addr, args.kv_cache_dtype) == (2, 1, "10.0.0.1:5000", "int8")
     assert args.enable_hierarchical_cache and args.hicache_size == 2.5 and args.hicache_dir == "/tmp/hc"
     assert args.preemption_mode == "swap" and args.disable_cuda_graph and args.cuda_graph_max_bs == 64
+    assert (args.radix_eviction_policy, args.hicache_write_policy, args.max_pinned_fraction) == ("lfu", "write_back", 0.1)

@@ -251,3 +251,16 @@ class CacheDiagnosis:
             return None
         self._warned_at = now
         return rate, len(self._system)
+
+
+MEMORY_FIGURES = ("unreachable_pages", "cascade_dropped_pages", "host_cached_pages", "disk_cached_pages",
+                  "host_hit_pages", "disk_hit_pages", "tier_load_pages", "tier_recompute_pages", "pinned_pages",
+                  "pin_budget_pages", "pinned_namespaces", "pins_taken", "pins_refused", "pinned_pages_expired",
+                  "pinned_dropped_pages")
+
+
+def memory_section(stats: Any) -> dict[str, int]:
+    """The KV memory's figures for GET /cache_report (an admin's report, every namespace): what the
+    tiers hold and give back, what is pinned, and unreachable pages (0 by design)."""
+    return {name: getattr(stats, name) for name in MEMORY_FIGURES}
+

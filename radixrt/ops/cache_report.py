@@ -49,6 +49,18 @@ def render(report: dict[str, Any]) -> str:
         *(f"  {bucket:>10} tokens: {count}" for bucket, count in div["buckets"].items()),
         f"prompts sharing a system prompt: {shared['prompts']}, hit rate {shared['hit_rate']:.1%}",
     ]
+    mem = report.get("memory")
+    if mem is not None:
+        lines += [
+            f"KV tiers: {mem['host_cached_pages']} pages in host memory, {mem['disk_cached_pages']} on disk; loaded "
+            f"back {mem['host_hit_pages']} from host, {mem['disk_hit_pages']} from disk; chosen to load "
+            f"{mem['tier_load_pages']}, to recompute {mem['tier_recompute_pages']}",
+            f"unreachable pages: {mem['unreachable_pages']} (held below an earlier page held nowhere; "
+            f"{mem['cascade_dropped_pages']} dropped with an earlier page)",
+            f"pinned pages: {mem['pinned_pages']} of a budget of {mem['pin_budget_pages']} in "
+            f"{mem['pinned_namespaces']} namespaces; pins granted {mem['pins_taken']}, refused {mem['pins_refused']}, "
+            f"pages expired {mem['pinned_pages_expired']}, dropped early {mem['pinned_dropped_pages']}",
+        ]
     return "\n".join(lines)
 
 

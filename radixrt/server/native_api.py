@@ -9,7 +9,7 @@ from typing import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N
+from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N, memory_section
 from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.weights import check_update_options, model_info
 from radixrt.model_source import resolve_update_path
@@ -127,7 +127,10 @@ def _add_cache_report(app: FastAPI, ctx: ServerContext) -> None:
         if first_n < 1:
             raise ApiError(400, f"first_n must be >= 1, got {first_n}", param="first_n")
         only = cache_report_scope(ctx.http, request.headers.get("authorization"), cache_salt, extra_key)
-        return json_response(ctx.manager.cache_report.report(first_n, only))
+        report = ctx.manager.cache_report.report(first_n, only)
+        if only is None:  # the KV memory's figures are every namespace's: an admin's report only
+            report["memory"] = memory_section(ctx.manager.stats())
+        return json_response(report)
 
 
 async def _native_stream(sub: Submission) -> AsyncIterator[bytes]:
