@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("radixrt", "kernels", "lang", "bench", "scripts", "examples", "tests")
 DRIVER = "radixrt/scheduler/step.py"
 # The scheduler's own unit tests look between schedule() and process(); the tier classes and
-# their unit tests hand moves on inside the scheduler package.
+# their unit tests hand moves on inside the scheduler package, and bench/kv_tiers_sim.py replays
+# KVMemory's bookkeeping alone (no scheduler, no batch) under an old version and this one.
 MAY_STEP = {DRIVER, "tests/test_scheduler.py"}
 MAY_TAKE_MOVES = {"radixrt/scheduler/scheduler.py", "radixrt/scheduler/kv_memory.py", "tests/test_kv_tiers.py",
-                  "tests/test_disk_tier_faults.py", "tests/test_tier_prefix_property.py"}
+                  "tests/test_disk_tier_faults.py", "tests/test_tier_prefix_property.py", "bench/kv_tiers_sim.py"}
 
 
 def stepping_calls(source: str) -> list[tuple[int, str]]:
