@@ -167,3 +167,17 @@ def test_the_scheduler_feeds_the_estimates_from_the_workers_reports():
     assert st.cost_attention_per_position == TimedWorker.ATTENTION
     assert st.tier_move_seconds == pytest.approx(2e-4 * (st.pages_d2h + st.pages_h2d))
     assert 2e-4 < st.cost_h2d_s_per_page < 2.5e-4  # the measured 0.2 ms moves outweigh the 0.5 ms seed
+
+
+def test_a_load_estimate_inflated_by_a_transient_is_measured_again():
+    from radixrt.scheduler.tier_costs import EXPLORE_AFTER
+
+    c = TierCosts(h2d_s_per_page=1e-4)
+    c.observe_prefill(16, 1.0)
+    c.observe_prefill(16, 16 * 1e-3)  # 1 ms a token: a page costs 16 ms to recompute
+    c.observe_moves(MoveKind.H2D, 1, 5.0)  # one move stalled: the estimate says loading is dear
+    choices = [c.pages_to_load([MoveKind.H2D] * 2, 0, 16) for _ in range(EXPLORE_AFTER + 1)]
+    assert choices == [0] * EXPLORE_AFTER + [2]  # after EXPLORE_AFTER recomputed runs, one is loaded again
+    for _ in range(30):  # the loads it makes are fast: the estimate comes back down
+        c.observe_moves(MoveKind.H2D, 2, 2e-4)
+    assert c.pages_to_load([MoveKind.H2D] * 2, 0, 16) == 2

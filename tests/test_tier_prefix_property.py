@@ -11,13 +11,13 @@ step:
 from __future__ import annotations
 
 import tempfile
-from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.fake_worker import FakeWorker
+
 from radixrt.cache.eviction import EvictionOrder
-from radixrt.messages import MoveKind, disk_page_name
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.kv_memory import KVMemory
 from radixrt.scheduler.kv_tiers import KVTiers
@@ -26,43 +26,12 @@ from radixrt.scheduler.req import Req
 PS = 2  # tokens per page
 
 
-class FakeWorker:
-    """Slot contents: each device slot, host slot and disk file holds the prefix whose last token's KV it is."""
-
-    def __init__(self, disk: Path) -> None:
-        self.device: dict[int, tuple] = {}
-        self.host: dict[int, tuple] = {}  # host slot -> page (a tuple of PS slot contents)
-        self.disk_dir = disk
-
-    def page(self, p: int) -> tuple:
-        return tuple(self.device.get(p * PS + i) for i in range(PS))
-
-    def put_page(self, p: int, content: tuple) -> None:
-        for i, c in enumerate(content):
-            self.device[p * PS + i] = c
-
-    def run(self, mem: KVMemory) -> None:
-        """The moves, then the batch's copies (copy-on-write), in the worker's order (scheduler.Scheduled)."""
-        for m in mem.take_moves():
-            if m.kind is MoveKind.D2H:
-                for s, d in zip(m.src, m.dst):
-                    self.host[d] = self.page(s)
-            elif m.kind is MoveKind.H2D:
-                for s, d in zip(m.src, m.dst):
-                    self.put_page(d, self.host[s])
-            elif m.kind in (MoveKind.H2DISK, MoveKind.D2DISK):
-                for s, key in zip(m.src, m.keys):
-                    content = self.host[s] if m.kind is MoveKind.H2DISK else self.page(s)
-                    (self.disk_dir / disk_page_name(key)).write_text(repr(content))
-            elif m.kind is MoveKind.DISK2D:
-                for d, key in zip(m.dst, m.keys):
-                    self.put_page(d, eval((self.disk_dir / disk_page_name(key)).read_text()))
-            else:
-                for key in m.keys:
-                    (self.disk_dir / disk_page_name(key)).unlink()
-        src, dst = mem.take_copies()
-        for s, d in zip(src, dst):
-            self.device[d] = self.device.get(s)
+def run_moves(worker: FakeWorker, mem: KVMemory) -> None:
+    """The moves, then the batch's copies (copy-on-write), in the worker's order (scheduler.Scheduled)."""
+    worker.move(mem.take_moves())
+    src, dst = mem.take_copies()
+    for s, d in zip(src, dst):
+        worker.slots[d] = worker.slots.get(s)
 
 
 def naive_unreachable(mem: KVMemory, parent_of: dict[str, str | None]) -> set[str]:
@@ -95,7 +64,7 @@ def test_tiers_keep_prefix_order_and_restore_exactly_what_was_computed(reqs, pol
         order = EvictionOrder(policy)
         tiers = KVTiers(host_pages, True, d if disk_pages else "", disk_pages, PS, order, write)
         mem = KVMemory(8, PS, tiers=tiers, order=order, pinned_fraction=0.5)
-        worker = FakeWorker(Path(d))
+        worker = FakeWorker(8, PS, host_pages=host_pages, disk_dir=d, disk_pages=disk_pages)
         parent_of: dict[str, str | None] = {}
         computed: set[str] = set()  # keys whose page some request computed
         for i, (stem, tail, ttl) in enumerate(reqs):
@@ -110,18 +79,18 @@ def test_tiers_keep_prefix_order_and_restore_exactly_what_was_computed(reqs, pol
             need = r.prompt_len - m.matched_len
             if not mem.admit(r, m, need, 0):
                 continue
-            worker.run(mem)
+            run_moves(worker, mem)
             for pos in range(r.kv.kv_len):  # what the cache and the tiers gave back is this prefix's KV
                 page = r.kv.pages[pos // PS]
-                assert worker.device.get(page * PS + pos % PS) == tuple(tokens[: pos + 1]), (pos, r.kv.pages)
+                assert worker.slots.get(page * PS + pos % PS) == tuple(tokens[: pos + 1]), (pos, r.kv.pages)
             n = r.prompt_len - r.kv.kv_len
             mem.grow(r, n)
-            worker.run(mem)
+            run_moves(worker, mem)
             for pos in range(r.kv.kv_len, r.prompt_len):  # the forward computes the rest
-                worker.device[r.kv.pages[pos // PS] * PS + pos % PS] = tuple(tokens[: pos + 1])
+                worker.slots[r.kv.pages[pos // PS] * PS + pos % PS] = tuple(tokens[: pos + 1])
             mem.advance(r, n)
             mem.release(r)
-            worker.run(mem)
+            run_moves(worker, mem)
             computed.update(keys)
             held = set(tiers.host.keys()) | set(tiers.disk.keys() if tiers.disk is not None else []) | set(mem.cache.by_key)
             assert {key for key in mem.pins.until if key in computed} <= held  # a pinned page is never dropped

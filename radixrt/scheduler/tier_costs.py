@@ -35,6 +35,10 @@ from radixrt.cache.eviction import relative_recompute_cost
 from radixrt.messages import MoveKind
 
 MOVE_DECAY = 0.1  # about the last 10 moves of a kind
+# A load estimate is refreshed only by loads: after this many runs recomputed in a row because
+# a kind looked dear, the next run of it is loaded anyway, so a transient (a pause, a busy disk)
+# that inflated the estimate cannot keep the choice on recompute for good.
+EXPLORE_AFTER = 16
 PREFILL_DECAY = 0.1  # about the last 10 prefill steps
 LOAD_KINDS = (MoveKind.H2D, MoveKind.DISK2D)  # how a lower-tier page comes back to the device
 
@@ -73,6 +77,7 @@ class TierCosts:
         self.prefill_steps = 0  # prefill steps observed, the first (not counted) included
         self.load_pages = 0  # lower-tier pages the choice loaded
         self.recompute_pages = 0  # and those it recomputed instead
+        self.unrefreshed = dict.fromkeys(LOAD_KINDS, 0)  # runs recomputed since the kind's last load
 
     # -- measurements ---------------------------------------------------------------
 
@@ -80,6 +85,8 @@ class TierCosts:
         """The worker spent seconds on moves of kind covering pages pages."""
         if pages > 0 and seconds > 0:
             self.moves[kind].observe(pages, seconds)
+            if kind in self.unrefreshed:
+                self.unrefreshed[kind] = 0
 
     def observe_prefill(self, tokens: int, seconds: float, attended: int = 0) -> None:
         """A step that ran a prefill chunk took seconds for tokens tokens, which attended to
@@ -114,9 +121,11 @@ class TierCosts:
         the rest are recomputed. sources[i] is how page start_page + i would come back (H2D or
         DISK2D). A page is only usable after the pages before it, so the choice is a prefix:
         the n that saves the most time, sum over i < n of recompute(i) - load(i), loading only
-        where it saves time (0: loading never pays). Unmeasured figures choose loading.
+        where it saves time (0: loading never pays). Unmeasured figures choose loading, and so
+        does a kind whose estimate EXPLORE_AFTER recomputed runs have not refreshed.
         count: add the choice to the counters (False for an estimate that loads nothing)."""
-        if self.prefill.rate == 0.0:
+        stale = any(self.unrefreshed[kind] >= EXPLORE_AFTER for kind in set(sources))
+        if self.prefill.rate == 0.0 or (count and stale):
             n = len(sources)
         else:
             n, best, saved = 0, 0.0, 0.0
@@ -128,6 +137,8 @@ class TierCosts:
         if count:
             self.load_pages += n
             self.recompute_pages += len(sources) - n
+            for kind in set(sources[n:]):  # loads will refresh the kinds loaded
+                self.unrefreshed[kind] += 1
         return n
 
     def stats(self) -> dict[str, int | float]:
