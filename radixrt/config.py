@@ -182,6 +182,10 @@ class ServerArgs:
         "write_through", "when a device page is copied to the host tier: write_through (as soon as it is cached), "
         "write_through_selective (when a request hits it the second time) or write_back (when it is evicted)"
     )
+    hicache_load_policy: str = _arg(
+        "measured", "whether a request reads back pages the host and disk tiers hold: measured (only where loading "
+        "them is measured to be faster than recomputing them) or always"
+    )
     hicache_disk_max_errors: int = _arg(
         8, "disk tier I/O errors in a row after which the disk tier turns itself off (its pages are then recomputed)"
     )
@@ -253,6 +257,8 @@ class ServerArgs:
         if self.hicache_write_policy not in ("write_through", "write_through_selective", "write_back"):
             raise ValueError("hicache_write_policy must be write_through, write_through_selective or write_back, "
                              f"got {self.hicache_write_policy!r}")
+        if self.hicache_load_policy not in ("measured", "always"):
+            raise ValueError(f"hicache_load_policy must be measured or always, got {self.hicache_load_policy!r}")
         for name in ("max_pinned_fraction", "max_pinned_namespace_fraction"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")

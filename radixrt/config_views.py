@@ -89,6 +89,7 @@ class SchedulerConfig(ConfigView):
     max_pinned_namespace_fraction: float
     enable_hierarchical_cache: bool
     hicache_write_policy: str
+    hicache_load_policy: str
     preemption_mode: str
     swap_min_tokens: int
     retention: Retention

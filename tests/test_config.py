@@ -24,6 +24,7 @@ from radixrt.config import ServerArgs
         ({"swap_min_tokens": -5}, "swap_min_tokens"),
         ({"radix_eviction_policy": "fifo"}, "radix_eviction_policy must be lru, lfu or cost"),
         ({"hicache_write_policy": "write_around"}, "hicache_write_policy must be write_through"),
+        ({"hicache_load_policy": "never"}, "hicache_load_policy must be measured or always"),
         ({"max_pinned_fraction": 1.5}, "max_pinned_fraction"),
         ({"max_pinned_namespace_fraction": -0.1}, "max_pinned_namespace_fraction"),
         ({"bogus_flag": 1}, "bogus_flag"),

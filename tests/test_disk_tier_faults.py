@@ -255,7 +255,8 @@ def test_a_server_outlives_damaged_page_files_and_a_deleted_disk_directory(llama
     tier turns itself off). Meanwhile an unrelated request is served; nothing leaks."""
     disk = tmp_path / "hicache"
     args = ("--page-size", str(PAGE), "--max-total-tokens", "128", "--enable-hierarchical-cache", "--hicache-ratio",
-            "1", "--hicache-dir", str(disk), "--hicache-disk-size", "0.01", "--hicache-disk-max-errors", "3")
+            "1", "--hicache-dir", str(disk), "--hicache-disk-size", "0.01", "--hicache-disk-max-errors", "3",
+            "--hicache-load-policy", "always")  # every held page is read back: the damaged one is, whatever it costs
     # a document: 6 pages; device and host tiers: 8 pages each, so the first document spills to disk
     docs = [[(31 * d + 7 * i) % 1000 + 10 for i in range(6 * PAGE)] for d in range(4)]
     unrelated = list(range(100, 120))

@@ -181,3 +181,10 @@ def test_a_load_estimate_inflated_by_a_transient_is_measured_again():
     for _ in range(30):  # the loads it makes are fast: the estimate comes back down
         c.observe_moves(MoveKind.H2D, 2, 2e-4)
     assert c.pages_to_load([MoveKind.H2D] * 2, 0, 16) == 2
+
+
+def test_the_always_load_policy_loads_every_held_page_however_dear():
+    c = TierCosts(h2d_s_per_page=1.0, disk2d_s_per_page=1.0, always_load=True)
+    c.observe_prefill(16, 1.0)
+    c.observe_prefill(16, 1e-6)  # recomputing is nearly free
+    assert c.pages_to_load([MoveKind.DISK2D, MoveKind.H2D], 0, 16) == 2 and c.stats()["tier_recompute_pages"] == 0

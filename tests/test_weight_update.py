@@ -69,7 +69,8 @@ def test_options_sglang_has_but_radixrt_cannot_honour_are_refused_by_name():
 def engine(llama_path, tmp_path_factory):
     hicache = tmp_path_factory.mktemp("hicache")
     with radixrt.Engine(model_path=str(llama_path), page_size=4, max_total_tokens=2048, log_level="warning",
-                        enable_hierarchical_cache=True, hicache_dir=str(hicache)) as e:
+                        enable_hierarchical_cache=True, hicache_dir=str(hicache),
+                        hicache_load_policy="always") as e:  # the rollback reads the disk, whatever it costs
         yield e
 
 

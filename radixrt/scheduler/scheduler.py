@@ -77,7 +77,8 @@ class Scheduler:
         self.args = args
         tiers = None
         # load or recompute a lower tier's pages: the worker's start-up probe, then what it reports
-        self.tier_costs = TierCosts(worker.h2d_s_per_page, worker.disk2d_s_per_page, worker.attention_per_position)
+        self.tier_costs = TierCosts(worker.h2d_s_per_page, worker.disk2d_s_per_page, worker.attention_per_position,
+                                    always_load=args.hicache_load_policy == "always")
         order = EvictionOrder(args.radix_eviction_policy, self.tier_costs.relative_recompute_cost)
         if worker.host_pages:
             tiers = KVTiers(worker.host_pages, args.enable_hierarchical_cache, worker.disk_dir, worker.disk_pages,

@@ -79,8 +79,7 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
         msg = receive(inbox, sched, timeout_ms=poll_ms(sched))
         while msg is not None:
             if isinstance(msg, Shutdown):
-                ranks.move(sched.mem.persist())  # the disk tier keeps what the cache holds, for the next run
-                ranks.send(Shutdown())
+                stop_ranks(ranks, sched.mem.persist(), ctx)  # the disk tier keeps what the cache holds, for later
                 return
             reply = handle(msg, sched)
             if reply is not None:
@@ -152,6 +151,19 @@ class Ranks:
     def forward(self, batch: ForwardBatch) -> BatchResult:
         self.send(batch)  # every rank runs every step
         return self.answer(BatchResult, f"step {batch.step}")
+
+
+def stop_ranks(ranks: Ranks, moves: list[KVMove], ctx: zmq.Context) -> None:
+    """Send every rank the last moves, then Shutdown, and return only once zmq has written them
+    (or the watchdog time has passed). NOTE: a send only queues, and the scheduler's process ends
+    in os._exit (launch/child.py), which drops what zmq's I/O thread has not written yet: the
+    ranks would never stop (the launcher kills them after its wait) and every page the moves
+    were to write to the disk tier would be lost to the next run."""
+    ranks.move(moves)
+    ranks.send(Shutdown())
+    for w in ranks.to_workers:
+        w.sock.setsockopt(zmq.LINGER, int(ranks.timeout_s * 1000))
+    ctx.destroy()  # closes every socket, then waits for theirs to be written (the others linger 0)
 
 
 def run_spot_check(sched: Scheduler, ranks: Ranks) -> None:

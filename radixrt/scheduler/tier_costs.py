@@ -67,8 +67,9 @@ class TierCosts:
     The seeds are the worker's start-up probe (seconds per page; 0.0: not measured)."""
 
     def __init__(self, h2d_s_per_page: float = 0.0, disk2d_s_per_page: float = 0.0,
-                 attention_per_position: float = 0.0) -> None:
+                 attention_per_position: float = 0.0, always_load: bool = False) -> None:
         self.attention_per_position = attention_per_position
+        self.always_load = always_load  # --hicache-load-policy always: every held page is read back
         self.moves = {kind: DecayedRate(MOVE_DECAY) for kind in MoveKind}
         for kind, seed in ((MoveKind.H2D, h2d_s_per_page), (MoveKind.DISK2D, disk2d_s_per_page)):
             if seed > 0:
@@ -122,10 +123,11 @@ class TierCosts:
         DISK2D). A page is only usable after the pages before it, so the choice is a prefix:
         the n that saves the most time, sum over i < n of recompute(i) - load(i), loading only
         where it saves time (0: loading never pays). Unmeasured figures choose loading, and so
-        does a kind whose estimate EXPLORE_AFTER recomputed runs have not refreshed.
+        does a kind whose estimate EXPLORE_AFTER recomputed runs have not refreshed, and so does
+        every run under --hicache-load-policy always.
         count: add the choice to the counters (False for an estimate that loads nothing)."""
         stale = any(self.unrefreshed[kind] >= EXPLORE_AFTER for kind in set(sources))
-        if self.prefill.rate == 0.0 or (count and stale):
+        if self.always_load or self.prefill.rate == 0.0 or (count and stale):
             n = len(sources)
         else:
             n, best, saved = 0, 0.0, 0.0
