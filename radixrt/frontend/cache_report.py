@@ -260,7 +260,8 @@ MEMORY_FIGURES = ("unreachable_pages", "cascade_dropped_pages", "host_cached_pag
 
 
 def memory_section(stats: Any) -> dict[str, int]:
-    """The KV memory's figures for GET /cache_report (an admin's report, every namespace): what the
-    tiers hold and give back, what is pinned, and unreachable pages (0 by design)."""
+    """The KV memory's figures for GET /cache_report (every namespace's: in an admin's report, or any
+    on a server without api keys): what the tiers hold and give back, what is pinned, and
+    unreachable pages (0 by design)."""
     return {name: getattr(stats, name) for name in MEMORY_FIGURES}
 

@@ -128,8 +128,8 @@ def _add_cache_report(app: FastAPI, ctx: ServerContext) -> None:
             raise ApiError(400, f"first_n must be >= 1, got {first_n}", param="first_n")
         only = cache_report_scope(ctx.http, request.headers.get("authorization"), cache_salt, extra_key)
         report = ctx.manager.cache_report.report(first_n, only)
-        if only is None:  # the KV memory's figures are every namespace's: an admin's report only
-            report["memory"] = memory_section(ctx.manager.stats())
+        if only is None or not (ctx.http.api_key or ctx.http.admin_api_key):  # every namespace's figures:
+            report["memory"] = memory_section(ctx.manager.stats())  # an admin's, or anyone's where all is open
         return json_response(report)
 
 
