@@ -10,6 +10,8 @@ full: "unbounded").
 Runs, one Engine each, on the tiny llama (--size 100m: llama-100m) with the radix cache on:
   off               no lower tiers (the baseline: throughput ratios are against it)
   <policy>          tiers on, --radix-eviction-policy <policy> for each of lru, lfu, cost
+  lru-nopin         tiers on, lru, the trace's pinned requests sent without cache_control: their
+                    TTFT against lru's is what the pins did
   <policy>+<write>  tiers on, --hicache-write-policy <write> (write_through, write_back) under lru
 A run whose flag or value ServerArgs does not take yet is skipped and says why; until the
 radix_eviction_policy flag exists, "lru" runs the server's only (LRU) policy without the flag.
@@ -74,12 +76,14 @@ class RunConfig:
     name: str
     server: dict[str, Any] = field(default_factory=dict)
     tiers: bool = True
+    pins: bool = True  # send the trace's cache_control (False: the same requests, unpinned)
 
 
 def run_configs(quick: bool) -> list[RunConfig]:
     """off, each eviction policy with tiers, and (not --quick) each write policy under lru."""
     runs = [RunConfig("off", {}, tiers=False)]
     runs += [RunConfig(p, {"radix_eviction_policy": p}) for p in POLICIES]
+    runs.append(RunConfig("lru-nopin", {"radix_eviction_policy": "lru"}, pins=False))  # the pinned prefixes unpinned
     if not quick:
         runs += [RunConfig(f"lru+{w}", {"radix_eviction_policy": "lru", "hicache_write_policy": w}) for w in WRITE_POLICIES]
     return runs
@@ -198,7 +202,7 @@ def run_one(model: Path, cfg: RunConfig, trace: list[dict], args: argparse.Names
             before = engine.get_server_info()
             check_sizes(cfg, before, sizing)
             start = time.perf_counter()
-            done = asyncio.run(drive(engine, trace, args.concurrency, sizing["pins"]))
+            done = asyncio.run(drive(engine, trace, args.concurrency, sizing["pins"] and cfg.pins))
             wall = time.perf_counter() - start
             after = engine.get_server_info()
     return summarize(done, wall, before, after)

@@ -38,7 +38,7 @@ MOVE_DECAY = 0.1  # about the last 10 moves of a kind
 # A load estimate is refreshed only by loads: after this many runs recomputed in a row because
 # a kind looked dear, the next run of it is loaded anyway, so a transient (a pause, a busy disk)
 # that inflated the estimate cannot keep the choice on recompute for good.
-EXPLORE_AFTER = 16
+EXPLORE_AFTER = 4
 PREFILL_DECAY = 0.1  # about the last 10 prefill steps
 LOAD_KINDS = (MoveKind.H2D, MoveKind.DISK2D)  # how a lower-tier page comes back to the device
 
