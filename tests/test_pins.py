@@ -40,6 +40,14 @@ def test_the_pin_table_keeps_its_budgets_and_a_repin_only_extends():
     assert t.expire(20.0) == ["a"] and len(t) == 0 and t.stats()["pinned_pages_expired"] == 4
 
 
+def test_repinning_a_hot_prefix_keeps_one_timer_per_page():
+    t = PinTable(capacity=8, namespace_capacity=8)
+    for i in range(1000):  # a system prompt pinned again by every request
+        t.pin(["s1", "s2"], "ns", until=300.0 + i)
+    assert len(t._heap) == 2 and t.expire(1000.0) == [] and len(t._heap) == 2  # re-filed at their new end
+    assert sorted(t.expire(1299.0)) == ["s1", "s2"] and not t._heap
+
+
 def test_a_pin_past_the_budget_is_refused_with_a_400_naming_it():
     s, w = make(16, PAGE, max_pinned_fraction=0.25)  # 4 pages of pins
     big, small = pinned("big", doc(1, 21), 60.0), pinned("small", doc(2, 9), 60.0)

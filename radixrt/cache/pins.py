@@ -26,7 +26,7 @@ class PinTable:
     until: dict[str, float] = field(default_factory=dict)  # pinned key -> when its pin ends
     namespace_of: dict[str, str] = field(default_factory=dict)  # pinned key -> its namespace id
     per_namespace: Counter = field(default_factory=Counter)  # namespace id -> pinned pages
-    _heap: list[tuple[float, str]] = field(default_factory=list)  # (until, key), stale entries skipped
+    _heap: list[tuple[float, str]] = field(default_factory=list)  # (until when filed, key): one per pinned key
     pins_taken: int = 0  # requests whose pin was granted
     pins_refused: int = 0
     pages_expired: int = 0
@@ -59,9 +59,10 @@ class PinTable:
                 new.append(key)
                 self.namespace_of[key] = namespace
                 self.per_namespace[namespace] += 1
-            if until > self.until.get(key, 0.0):
                 self.until[key] = until
-                heapq.heappush(self._heap, (until, key))
+                heapq.heappush(self._heap, (until, key))  # one entry per key: an extension re-files it at expiry
+            elif until > self.until[key]:
+                self.until[key] = until
         self.pins_taken += 1
         return new
 
@@ -69,8 +70,13 @@ class PinTable:
         """Unpin every key whose pin ended by `now`; returns them."""
         out = []
         while self._heap and self._heap[0][0] <= now:
-            until, key = heapq.heappop(self._heap)
-            if self.until.get(key) == until:  # else a later pin extended it (its own entry is in the heap)
+            _, key = heapq.heappop(self._heap)
+            until = self.until.get(key)
+            if until is None:  # unpinned meanwhile (clear)
+                continue
+            if until > now:  # a later pin extended it: filed again at its new end
+                heapq.heappush(self._heap, (until, key))
+            else:
                 out.append(key)
                 self._unpin(key)
         self.pages_expired += len(out)
