@@ -229,9 +229,9 @@ def test_lost_keys_leave_the_disk_index_and_a_tier_turned_off_is_forgotten(tmp_p
     tiers = s.mem.tiers
     for key in "abc":  # three sequences of one page each
         tiers.disk.put(key, tiers.disk.take_free(), None, 0, 4)
-        tiers._entered(key, None)
+        tiers.links.entered(key, None)
     tiers.disk.put("d", tiers.disk.take_free(), "c", 4, 4)  # d follows c
-    tiers._entered("d", "c")
+    tiers.links.entered("d", "c")
     tiers.disk_failed(DiskFaults(["a", "c", "zz"], [], errors=2))  # zz: dropped from the index meanwhile
     moves = tiers.take_moves()  # c's loss takes d along: nothing could reach it
     assert tiers.disk.keys() == ["b"] and moves == [KVMove(MoveKind.DROP, keys=["a", "c", "d"])]

@@ -1,4 +1,4 @@
-"""Pins with a TTL (cache_control; radixrt/cache/pins.py, KVMemory): the budget and its 400s, pinned
+"""Pins with a TTL (cache_control; radixrt/cache/pins.py, scheduler/kv_pins.py): the budget and its 400s, pinned
 pages kept under pressure (locked on the device without a host tier, moved down but never dropped
 with one), the TTL refreshed by a later pin, and the pages ordinary again once it ends."""
 
@@ -99,7 +99,7 @@ def test_with_a_host_tier_pinned_pages_move_down_but_are_never_dropped(tmp_path,
     flood = [req(f"f{i}", doc(10 + i, 17), 2) for i in range(8)]  # more than device and host hold
     outputs, _ = run(s, w, flood)
     assert all(outputs[r.rid] == reference_generate(r.input_ids, 2) for r in flood)
-    keys = list(s.mem.pins.until)
+    keys = list(s.mem.pins.table.until)
     tiers_ = s.mem.tiers
     held = set(tiers_.host.keys()) | set(tiers_.disk.keys() if tiers_.disk is not None else []) | set(s.mem.cache.by_key)
     assert len(keys) == 4 and set(keys) <= held  # every pinned page is somewhere

@@ -68,13 +68,13 @@ def test_tiers_keep_prefix_order_and_restore_exactly_what_was_computed(reqs, pol
         parent_of: dict[str, str | None] = {}
         computed: set[str] = set()  # keys whose page some request computed
         for i, (stem, tail, ttl) in enumerate(reqs):
-            mem.expire_pins(float(i))
+            mem.pins.expire(float(i))
             tokens = stems[stem] + tail
             r = Req(f"r{i}", tokens, SamplingParams(max_new_tokens=1), pin_ttl=ttl)
             keys = mem._keys(r, len(tokens) // PS) if len(tokens) >= PS else []
             parent_of.update(zip(keys, [None] + keys[:-1]))
-            if mem.pin_refusal(r) is None and ttl is not None:
-                mem.pin(r, float(i))
+            if mem.pins.refusal(r) is None and ttl is not None:
+                mem.pins.pin(r, float(i))
             m = mem.match(r)
             need = r.prompt_len - m.matched_len
             if not mem.admit(r, m, need, 0):
@@ -93,7 +93,7 @@ def test_tiers_keep_prefix_order_and_restore_exactly_what_was_computed(reqs, pol
             run_moves(worker, mem)
             computed.update(keys)
             held = set(tiers.host.keys()) | set(tiers.disk.keys() if tiers.disk is not None else []) | set(mem.cache.by_key)
-            assert {key for key in mem.pins.until if key in computed} <= held  # a pinned page is never dropped
+            assert {key for key in mem.pins.table.until if key in computed} <= held  # a pinned page is never dropped
             assert tiers.counters["pinned_dropped_pages"] == 0
             assert naive_unreachable(mem, parent_of) == set() and tiers.unreachable() == []
             assert len(tiers.host) <= host_pages and (tiers.disk is None or len(tiers.disk) <= disk_pages)

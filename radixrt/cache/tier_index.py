@@ -93,6 +93,20 @@ def parents_of(keys: list[str]) -> dict[str, str | None]:
     return out
 
 
+def adoption_order(keys: list[str]) -> list[tuple[str, str | None, int]]:
+    """keys (found on disk) as (key, parent, depth) in prefix order, breadth first from each
+    sequence's first page; orphans, and the pages only they lead to, are left out."""
+    parents = parents_of(keys)
+    kids: dict[str | None, list[str]] = {}
+    for key, parent in parents.items():
+        kids.setdefault(parent, []).append(key)
+    out, frontier, depth = [], kids.get(None, []), 0
+    while frontier:
+        out += [(key, parents[key], depth) for key in frontier]
+        frontier, depth = [c for key in frontier for c in kids.get(key, [])], depth + 1
+    return out
+
+
 def is_page_key(key: str) -> bool:
     """Whether key has the shape page_keys gives (a disk file of an older version's keys has not)."""
     return _KEY_SHAPE.fullmatch(key) is not None

@@ -17,28 +17,26 @@ into those tiers and loads what they hold, and a retracted request may park
 its pages in host memory. With the hierarchical cache the tree's nodes carry their
 pages' content keys, so the tiers know what the device holds (prefix order across tiers).
 
-Pins (a request's cache_control ttl; cache/pins.py): with a host tier to move down to,
-a pinned page is evicted last and only downwards; without one, its node stays locked on
-the device until the TTL ends.
+Pins (a request's cache_control ttl) are its collaborator's, scheduler/kv_pins.py: with a
+host tier to move down to, a pinned page is evicted last and only downwards; without one,
+its node stays locked on the device until the TTL ends.
 
 Invariant: allocator free + cache total + every request's owned pages == pool.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import math
 
 from radixrt.cache import MatchResult, NoPrefixCache, Node, PageAllocator, PrefixCache, RadixCache
 from radixrt.cache.eviction import EvictionOrder
-from radixrt.cache.pins import PinTable
 from radixrt.cache.tier_index import namespace_id, page_keys
 from radixrt.messages import KVMove, Retain
 from radixrt.retention import drop_plan
 from radixrt.scheduler.kv_tiers import SELECTIVE_HITS, KVTiers, no_tier_stats
 from radixrt.scheduler.kv_handle import TierLoad
+from radixrt.scheduler.kv_pins import KVPins
 from radixrt.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
@@ -57,12 +55,10 @@ class KVMemory:
         capacity = int(pinned_fraction * (num_pages + below)) if use_cache else 0
         if self.keyed:  # every pinned page must fit below the device when it moves down
             capacity = min(capacity, below + (tiers.disk.capacity if tiers.disk is not None else 0))
-        self.pins = PinTable(capacity, int(pinned_namespace_fraction * capacity))
-        self._pin_locks: list[tuple[float, int, Node]] = []  # (until, seq, node): device locks of pins (no tiers)
-        self._seq = itertools.count()
+        self.pins = KVPins(self.cache, tiers, self.keyed, page_size, capacity,
+                           int(pinned_namespace_fraction * capacity), self._keys)
         if tiers is not None:
             tiers.on_device = self.cache.by_key.__contains__
-            tiers.pinned = self.pins.until.keys()
         self.copy_src: list[int] = []  # slot copies for the next batch (copy-on-write)
         self.copy_dst: list[int] = []
 
@@ -222,7 +218,7 @@ class KVMemory:
         r.kv.loaded = self.tiers.load(keys[:n], pages[:n])
         res = self.cache.insert(r.tokens(0, (start + n) * ps), m.pages + pages[:n], r.namespace,
                                 self._keys(r, start + n))
-        self._flag_pins(res.node)
+        self.pins.flag(res.node)
         assert res.existing_pages == start, "the tree gained pages under a locked match"
         self.allocator.free(res.released_pages)
         self.cache.lock(res.node)
@@ -303,8 +299,7 @@ class KVMemory:
         kv.pages = kv.pages[:kept]
         if kv.kv_len > 0 and not kv.dropped:  # KV computed after a drop never goes to the cache
             self._insert(r, kv.kv_len)
-            if r.pin_ttl is not None and not self.keyed and self.pins.capacity:
-                self._lock_pin(r)
+            self.pins.lock_on_release(r)
         self.allocator.free(kv.owned_pages + extra)
         if kv.lock_node is not None:
             self.cache.unlock(kv.lock_node)
@@ -315,7 +310,7 @@ class KVMemory:
         keys = self._keys(r, full) if self.keyed else None
         res = self.cache.insert(r.tokens(0, n_tokens), kv.pages[:n_pages], r.namespace, keys)
         if keys is not None and res.existing_pages < full:  # pages new to the tree
-            self._flag_pins(res.node)
+            self.pins.flag(res.node)
             if self.tiers.write_policy == "write_through":
                 self._write_through_new(r, keys, res.existing_pages, full)
         # Pages the cache already had stay ours (we still read them); the rest are now the cache's.
@@ -333,59 +328,9 @@ class KVMemory:
         self.tiers.offload(keys[first:full], r.kv.pages[first:full], keys[first - 1] if first else None,
                            first * self.page_size, self.cache.by_key[keys[first]].stamp.hits, write=True)
 
-    # -- pins ---------------------------------------------------------------------------
-
-    def pin_refusal(self, r: Req) -> str | None:
-        """Why r's pin (its cache_control ttl) passes a budget; None: it fits (or r pins nothing)."""
-        if r.pin_ttl is None:
-            return None
-        if self.pins.capacity == 0:
-            return ("cache_control: this server takes no pins (--max-pinned-fraction is 0"
-                    + (", or the radix cache is off)" if isinstance(self.cache, NoPrefixCache) else ")"))
-        keys = self._keys(r, r.prompt_len // self.page_size)
-        why = self.pins.refusal(keys, namespace_id(r.namespace.encoded))
-        self.pins.pins_refused += why is not None
-        return why
-
-    def pin(self, r: Req, now: float) -> None:
-        """Pin r's prompt pages until now + its ttl (pin_refusal said it fits), wherever they are now
-        or will be. Without a host tier the pages are locked on the device when r leaves (release)."""
-        keys = self._keys(r, r.prompt_len // self.page_size)
-        for key in self.pins.pin(keys, namespace_id(r.namespace.encoded), now + r.pin_ttl):
-            if key in self.cache.by_key:
-                self.cache.set_pinned(self.cache.by_key[key], True)
-            if self.tiers is not None:
-                self.tiers.set_pinned(key, True)
-
-    def _flag_pins(self, node: Node) -> None:
-        """Order node (and the nodes above it) among the pinned leaves if they hold a pinned page."""
-        while node.parent is not None and node.keys:
-            self.cache.set_pinned(node, any(key in self.pins for key in node.keys))
-            node = node.parent
-
-    def _lock_pin(self, r: Req) -> None:
-        """No host tier: r's pinned prompt pages stay on the device, locked, until the pin ends."""
-        keys = self._keys(r, r.prompt_len // self.page_size)
-        m = self.cache.match_prefix(r.tokens(0, len(keys) * self.page_size), r.namespace, touch=False)
-        if m.pages and keys:
-            self.cache.lock(m.node)
-            heapq.heappush(self._pin_locks, (self.pins.until.get(keys[-1], 0.0), next(self._seq), m.node))
-
-    def expire_pins(self, now: float) -> None:
-        """Pins that ended by now: their pages are ordinary cache pages again."""
-        for key in self.pins.expire(now):
-            if key in self.cache.by_key:
-                self._flag_pins(self.cache.by_key[key])
-            if self.tiers is not None:
-                self.tiers.set_pinned(key, False)
-        while self._pin_locks and self._pin_locks[0][0] <= now:
-            self.cache.unlock(heapq.heappop(self._pin_locks)[2])
-
     def flush(self) -> None:
         """Forget every cached page on the device and in host memory, and every pin (the disk tier is
         persistent storage: it stays, as it would across a restart, but for pages only those reached)."""
-        while self._pin_locks:
-            self.cache.unlock(heapq.heappop(self._pin_locks)[2])
         self.pins.clear()
         self.allocator.free(self.cache.reset())
         if self.tiers is not None:
@@ -407,7 +352,7 @@ class KVMemory:
             "used_pages": self.used_pages,
             "evicted_pages": cache.evicted_pages,
             **(self.tiers.stats() if self.tiers is not None else no_tier_stats()),
-            **self.pins.stats(),
+            **self.pins.table.stats(),
         }
 
 

@@ -35,13 +35,14 @@ they do here. Plain Python; the worker owns the bytes (radixrt/worker/kv_tiers.p
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
 
 from radixrt.cache.eviction import EvictionOrder
-from radixrt.cache.tier_index import TierIndex, is_page_key, parents_of
+from radixrt.cache.tier_index import TierIndex, adoption_order, is_page_key
+from radixrt.cache.tier_links import TierLinks
 from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_key, disk_page_name
+from radixrt.scheduler.disk_files import exists, page_files
 from radixrt.namespace import CacheNamespace
 from radixrt.scheduler.tier_costs import TierCosts
 from radixrt.scheduler.kv_handle import TierLoad
@@ -80,7 +81,7 @@ class KVTiers:
         self.disk_dir = Path(disk_dir) if disk_dir else None
         self.on_device = lambda key: False  # KVMemory: whether the device tree holds key's page
         self.pinned: set[str] = set()  # KVMemory's pinned keys (the same set object)
-        self._children: dict[str, set[str]] = {}  # parent key -> its children held in host or on disk
+        self.links = TierLinks(lambda: [t for t in (self.host, self.disk) if t is not None])
         self._leaving: set[str] = set()  # keys of the device leaf being evicted (offload)
         self.moves: list[KVMove] = []
         self._unwritten: set[str] = set()  # disk keys whose write is among the moves not yet taken
@@ -97,27 +98,18 @@ class KVTiers:
         as capacity goes; the rest are dropped. Files whose names are not this version's page keys (an
         older key format) or whose earlier pages are not there (nothing could reach them) are removed
         on every rank: no request could ever hit them."""
-        keys = [disk_page_key(f.name) for f in _page_files(d)]
+        keys = [disk_page_key(f.name) for f in page_files(d)]
         stale = [key for key in keys if not is_page_key(key)]
         if stale:
             logger.warning("removing %d page files of an older key format from the disk KV tier in %s; "
                            "their tokens are recomputed", len(stale), d)
             self._emit(MoveKind.DROP, keys=stale)
-        parents = parents_of([key for key in keys if is_page_key(key)])
-        kids: dict[str | None, list[str]] = {}
-        for key, parent in parents.items():
-            kids.setdefault(parent, []).append(key)
-        frontier, depth = kids.get(None, []), 0
-        while frontier:
-            nxt = []
-            for key in frontier:
-                slot = self.disk.take_free()
-                if slot is None:
-                    break
-                self.disk.put(key, slot, parents[key], depth * self.page_size, self.page_size)
-                self._entered(key, parents[key])
-                nxt += kids.get(key, [])
-            frontier, depth = nxt, depth + 1
+        for key, parent, depth in adoption_order([key for key in keys if is_page_key(key)]):
+            slot = self.disk.take_free()
+            if slot is None:
+                break
+            self.disk.put(key, slot, parent, depth * self.page_size, self.page_size)
+            self.links.entered(key, parent)
         left = [key for key in keys if is_page_key(key) and key not in self.disk]
         if left:
             logger.info("disk KV tier in %s: %d page files past its capacity or without their earlier pages "
@@ -157,7 +149,7 @@ class KVTiers:
     def _left_disk_index(self, key: str) -> None:
         """key leaves the disk index without a move (the whole index goes)."""
         if key not in self.host:
-            self._left(key, self.disk.parent(key))
+            self.links.left(key, self.disk.parent(key))
 
     def take_moves(self) -> list[KVMove]:
         out, self.moves = self.moves, []
@@ -174,43 +166,25 @@ class KVTiers:
             self.moves.append(KVMove(kind, list(src), list(dst), list(keys)))
         self.counters[f"pages_{kind.value}"] += max(len(src), len(keys))
 
-    # -- prefix order -------------------------------------------------------------
+    # -- prefix order (the links: cache/tier_links.py) --------------------------------
 
     def held_below(self, key: str) -> bool:
-        return key in self.host or (self.disk is not None and key in self.disk)
+        return self.links.held(key)
 
     def _held(self, key: str | None) -> bool:
         """key's page is somewhere (None, a sequence's start, always is)."""
-        return key is None or self._on_device(key) or self.held_below(key)
+        return key is None or self._on_device(key) or self.links.held(key)
 
     def _on_device(self, key: str) -> bool:
         """The device holds key's page and keeps it (not a page of the leaf being evicted)."""
         return key not in self._leaving and self.on_device(key)
 
-    def _entered(self, key: str, parent: str | None) -> None:
-        """key was put in host or disk (call after the put)."""
-        self._children.setdefault(parent, set()).add(key)
-
-    def _left(self, key: str, parent: str | None) -> None:
-        """key may have left host and disk both (call after the pop)."""
-        if not self.held_below(key):
-            kids = self._children.get(parent)
-            if kids is not None:
-                kids.discard(key)
-                if not kids:
-                    del self._children[parent]
-
     def _cascade(self, keys: list[str]) -> None:
         """Those of keys held nowhere now take every page after them in their sequences along."""
-        gone = [k for k in keys if not self._held(k)]
-        below, stack = [], [c for k in gone for c in self._children.get(k, ())]
-        while stack:
-            key = stack.pop()
-            below.append(key)
-            stack += self._children.get(key, ())
+        below = self.links.after([k for k in keys if not self._held(k)])
         if below:
             self.counters["cascade_dropped_pages"] += len(below)
-            self._drop(list(reversed(below)), cascaded=True)  # deepest first: each is a leaf when it goes
+            self._drop(below, cascaded=True)
 
     def _drop(self, keys: list[str], only_disk: bool = False, cascaded: bool = False) -> None:
         """keys leave the disk (their files go) and, unless only_disk, host memory; then whatever
@@ -220,11 +194,11 @@ class KVTiers:
             if key in self.host:
                 parent = self.host.parent(key)
                 self.host.discard(key)
-                self._left(key, parent)
+                self.links.left(key, parent)
         for key in on_disk:
             parent = self.disk.parent(key)
             self.disk.discard(key)
-            self._left(key, parent)
+            self.links.left(key, parent)
         if on_disk:
             self._emit(MoveKind.DROP, keys=on_disk)
         if not cascaded:
@@ -232,28 +206,7 @@ class KVTiers:
 
     def unreachable(self) -> list[str]:
         """Pages held in host or on disk whose earlier pages are not all held somewhere (0 by design)."""
-        ok: dict[str, bool] = {}
-
-        def reachable(key: str) -> bool:
-            path = []
-            while key not in ok:
-                parent = self.host.parent(key) if key in self.host else self.disk.parent(key)
-                path.append(key)
-                if parent is None or self._on_device(parent):
-                    good = True
-                    break
-                if not self.held_below(parent):
-                    good = False
-                    break
-                key = parent
-            else:
-                good = ok[key]
-            for k in path:
-                ok[k] = good
-            return good
-
-        keys = set(self.host.keys()) | set(self.disk.keys() if self.disk is not None else [])
-        return [key for key in keys if not reachable(key)]
+        return self.links.unreachable(self._on_device)
 
     def sweep(self) -> int:
         """Drop every unreachable page (after the device lost pages at once: a flush, a forget);
@@ -261,16 +214,8 @@ class KVTiers:
         lost = self.unreachable()
         if lost:
             self.counters["cascade_dropped_pages"] += len(lost)
-            deepest_first = sorted(lost, key=self._depth, reverse=True)
-            self._drop(deepest_first, cascaded=True)
+            self._drop(lost, cascaded=True)
         return len(lost)
-
-    def _depth(self, key: str) -> int:
-        n = 0
-        while key is not None and self.held_below(key):
-            key = self.host.parent(key) if key in self.host else self.disk.parent(key)
-            n += 1
-        return n
 
     # -- pages going down -----------------------------------------------------
 
@@ -305,7 +250,7 @@ class KVTiers:
                     self.counters["pinned_dropped_pages"] += (not write) * sum(k in self.pinned for k in keys[i:])
                     break
                 self.host.put(key, slot, parent, start + i * self.page_size, self.page_size, hits, key in self.pinned)
-                self._entered(key, parent)
+                self.links.entered(key, parent)
                 self._emit(MoveKind.D2H, [page], [slot])
             parent = key
         if not write:
@@ -325,7 +270,7 @@ class KVTiers:
         parent, (start, hits) = self.host.parent(key), self.host.place(key)
         slot = self.host.pop(key)
         kept = self._to_disk(key, parent, start, MoveKind.H2DISK, slot, hits)
-        self._left(key, parent)
+        self.links.left(key, parent)
         if not kept:
             self._cascade([key])
         return slot
@@ -355,13 +300,13 @@ class KVTiers:
             vparent = self.disk.parent(victim)
             slot = self.disk.pop(victim)
             self._emit(MoveKind.DROP, keys=[victim])
-            self._left(victim, vparent)
+            self.links.left(victim, vparent)
             self._cascade([victim])
             if not self._held(parent) and parent not in self._leaving:  # the victim was key's own earlier page
                 self.disk.release([slot])
                 return False
         self.disk.put(key, slot, parent, start, self.page_size, hits, key in self.pinned)
-        self._entered(key, parent)
+        self.links.entered(key, parent)
         self._unwritten.add(key)
         self._emit(kind, [src], keys=[key])
         return True
@@ -386,7 +331,7 @@ class KVTiers:
         removed behind our back leaves the index (with what only it reached), and its tokens are recomputed."""
         if self.disk is None or key not in self.disk:
             return False
-        if key in self._unwritten or _exists(self.disk_dir / disk_page_name(key)):
+        if key in self._unwritten or exists(self.disk_dir / disk_page_name(key)):
             return True
         self._drop([key], only_disk=True)
         return False
@@ -442,16 +387,16 @@ class KVTiers:
         every rank); returns how many. Slots reserved by swapped requests stay theirs."""
         encoded = namespace.encoded
         keys = set(self.host.keys_of(encoded)) | set(self.disk.keys_of(encoded) if self.disk is not None else [])
-        self._drop(sorted(keys, key=self._depth, reverse=True), cascaded=True)
+        self._drop(list(keys), cascaded=True)
         return len(keys)
 
     def clear_host(self) -> None:
         """Forget the pages cached in host memory (slots reserved by swapped requests stay theirs),
         and every page on disk only they reached."""
-        for key in sorted(self.host.keys(), key=self._depth, reverse=True):
+        for key in self.host.keys():
             parent = self.host.parent(key)
             self.host.discard(key)
-            self._left(key, parent)
+            self.links.left(key, parent)
         self.sweep()
 
     # -- shutdown -------------------------------------------------------------------
@@ -462,7 +407,7 @@ class KVTiers:
             return
         for key, parent, start, page in device:
             self._to_disk(key, parent, start, MoveKind.D2DISK, page)
-        for key in sorted(self.host.keys(), key=self._depth):
+        for key in self.host.keys():
             self._to_disk(key, self.host.parent(key), self.host.place(key)[0], MoveKind.H2DISK, self.host.get(key))
 
     def stats(self) -> dict[str, int]:
@@ -476,26 +421,3 @@ class KVTiers:
             "unreachable_pages": len(self.unreachable()),
             **self.counters,
         }
-
-
-def _page_files(d: Path) -> list[Path]:
-    """Rank 0's page files in d (they stand for all ranks'), oldest first, after removing the
-    temporary files of writes a crash cut short. A directory that cannot be read holds none."""
-    found: list[tuple[float, Path]] = []
-    try:
-        for f in d.glob(disk_page_name("*")):
-            with contextlib.suppress(FileNotFoundError):  # removed while listed
-                found.append((f.stat().st_mtime, f))
-        for tmp in d.glob("*.tmp*"):
-            tmp.unlink(missing_ok=True)
-    except OSError as e:
-        logger.warning("cannot read the disk KV tier's directory %s: %s", d, e)
-    return [f for _, f in sorted(found)]
-
-
-def _exists(path: Path) -> bool:
-    """Whether path is there; one that cannot be looked at (permissions, I/O) is not."""
-    try:
-        return path.exists()
-    except OSError:
-        return False

@@ -132,14 +132,14 @@ class Scheduler:
         if self.weights.hold(msg):
             return
         r = self.intake.accept(msg)
-        if not isinstance(r, ReqOutput) and (why := self.mem.pin_refusal(r)) is not None:
+        if not isinstance(r, ReqOutput) and (why := self.mem.pins.refusal(r)) is not None:
             logger.error("refused request %s: %s", r.rid, why)
             r = rejection(r.rid, why, r.prompt_len)
         if isinstance(r, ReqOutput):  # refused
             self.outbox.append(r)
             return
         if r.pin_ttl is not None:
-            self.mem.pin(r, time.monotonic())
+            self.mem.pins.pin(r, time.monotonic())
         if r.sampling.constraint is not None:
             self.grammars.add(r)  # it joins the waiting queue once its matcher is ready
         else:
@@ -206,7 +206,7 @@ class Scheduler:
         Run it with scheduler/step.py, which makes the moves before the batch."""
         entries: list[BatchEntry] = []
         self.inflight = []
-        self.mem.expire_pins(time.monotonic())
+        self.mem.pins.expire(time.monotonic())
         self._take_compiled()
         while not entries and (self.waiting or self.running):
             self._schedule_decodes(entries)

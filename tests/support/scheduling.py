@@ -48,7 +48,7 @@ def assert_idle_pool(s: Scheduler) -> None:
     assert s.idle
     assert_pages_consistent(s)
     assert s.mem.allocator.num_free + s.mem.cache.total_pages == s.mem.allocator.num_pages
-    assert s.mem.cache.evictable_pages == s.mem.cache.total_pages or s.mem.pins.until, "an idle scheduler locks no page but a pin's"
+    assert s.mem.cache.evictable_pages == s.mem.cache.total_pages or s.mem.pins.table.until, "an idle scheduler locks no page but a pin's"
     assert s.mem.tiers is None or s.mem.tiers.unreachable() == []
 
 
