@@ -236,6 +236,7 @@ def test_lost_keys_leave_the_disk_index_and_a_tier_turned_off_is_forgotten(tmp_p
     moves = tiers.take_moves()  # c's loss takes d along: nothing could reach it
     assert tiers.disk.keys() == ["b"] and moves == [KVMove(MoveKind.DROP, keys=["a", "c", "d"])]
     tiers.disk_failed(DiskFaults(["b"], [], errors=6, disabled=True))
+    assert tiers.links.after([None]) == []  # b, a first page, is linked no more: nothing holds it
     st = s.stats()
     assert st.disk_tier_enabled == 0 and st.disk_tier_errors == 8 and st.disk_pages == 0
     r = req("r", [i % 45 for i in range(60)], 3)

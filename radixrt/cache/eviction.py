@@ -22,9 +22,10 @@ import enum
 from dataclasses import dataclass
 from typing import Callable
 
-# Tokens of context at which attending over the prefix costs as much as the rest of a token's
-# forward. The runtime sets the model's own figure (attention_crossover); this is its fallback.
-DEFAULT_CROSSOVER_TOKENS = 4096.0
+# A token's attention work per position it attends, in units of its other work: the model's own
+# figure comes from its config (worker/tier_probe.attention_per_position); this is the fallback
+# (attention costs as much as the rest of the forward at 4096 tokens of context).
+DEFAULT_ATTENTION_PER_POSITION = 1 / 4096
 
 
 class EvictionPolicy(str, enum.Enum):
@@ -42,17 +43,10 @@ class Stamp:
     worth: float = 0.0  # the cost policy's value (other policies leave it 0)
 
 
-def relative_recompute_cost(start: int, n: int, crossover: float = DEFAULT_CROSSOVER_TOKENS) -> float:
+def relative_recompute_cost(start: int, n: int, attention_per_position: float = DEFAULT_ATTENTION_PER_POSITION) -> float:
     """What recomputing tokens [start, start + n) costs, in units of one token's forward without
     attention: each token's own work plus attention over the tokens before it."""
-    return n * (1.0 + (start + n / 2) / crossover)
-
-
-def attention_crossover(params: int, layers: int, heads: int, head_dim: int) -> float:
-    """The context length at which a token's attention FLOPs (4 * context * layers * heads * head_dim:
-    QK^T and PV) equal its weights' FLOPs (2 * params)."""
-    per_token = 4 * layers * heads * head_dim
-    return max(1.0, 2 * params / per_token) if per_token else DEFAULT_CROSSOVER_TOKENS
+    return n * (1.0 + attention_per_position * (start + n / 2))
 
 
 class EvictionOrder:

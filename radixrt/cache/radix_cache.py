@@ -171,13 +171,8 @@ class RadixCache:
         for key in upper.keys:
             self.by_key[key] = upper
         child.parent.children[tuple(child.key[:ps])] = upper
-        in_set = child in self._leaves  # its start changes: the cost policy's key may too
-        if in_set:
-            self._leaves.remove(child)
         child.key, child.pages, child.parent = child.key[k * ps :], child.pages[k:], upper
-        child.keys, child.start = child.keys[k:], child.start + k * ps
-        if in_set:
-            self._leaves.add(child)
+        child.keys, child.start = child.keys[k:], child.start + k * ps  # its sort key (a stamp) stays
         upper.children[tuple(child.key[:ps])] = child
         return upper
 

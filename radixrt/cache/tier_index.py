@@ -169,9 +169,6 @@ class TierIndex:
         self._restamp(e, lambda: self.order.touch(e.stamp, next(self._clock), e.start, e.size, hit))
         return e.slot
 
-    def hits(self, key: str) -> int:
-        return self._entries[key].stamp.hits
-
     def put(self, key: str, slot: int, parent: str | None, start: int, size: int, hits: int = 0,
             pinned: bool = False) -> None:
         """Record key at slot (a slot from take_free or pop), most recently used; parent: the key of the

@@ -104,7 +104,7 @@ class KVMemory:
     def _keys(self, r: Req, full: int) -> list[str]:
         """Content keys of r's first `full` pages (worked out once per request, extended as it grows)."""
         kv = r.kv
-        if len(kv.page_keys) < full or (kv.page_keys and kv.page_keys[0][:16] != namespace_id(r.namespace.encoded)):
+        if len(kv.page_keys) < full or (kv.page_keys and not kv.page_keys[0].startswith(namespace_id(r.namespace.encoded))):
             kv.page_keys = page_keys(r.tokens(0, full * self.page_size), self.page_size, r.namespace.encoded,
                                      kv.page_keys)
         return kv.page_keys[:full]

@@ -121,10 +121,8 @@ class KVTiers:
         previous run under those weights left there ("": the workers have no disk tier now). The
         old directory is not touched (moves written to it were taken before the switch)."""
         assert not self.moves, "moves for the old disk directory are still pending"
-        for key in self.disk.keys() if self.disk is not None else []:
-            self._left_disk_index(key)
+        self._forget_disk_index()
         if not disk_dir:
-            self.disk = self.disk_dir = None
             return
         self.disk = TierIndex(disk_pages, self._new_order())
         self.disk_dir = Path(disk_dir)
@@ -137,19 +135,19 @@ class KVTiers:
         self.counters["disk_tier_errors"] += faults.errors
         if self.disk is None:
             return
-        if faults.disabled:
-            for key in self.disk.keys():
-                self._left_disk_index(key)
-            self.disk = self.disk_dir = None  # the worker logged why
+        if faults.disabled:  # the worker logged why
+            self._forget_disk_index()
             self.sweep()
             return
         lost = [key for key in dict.fromkeys(faults.lost_keys) if key in self.disk]
         self._drop(lost, only_disk=True)
 
-    def _left_disk_index(self, key: str) -> None:
-        """key leaves the disk index without a move (the whole index goes)."""
-        if key not in self.host:
-            self.links.left(key, self.disk.parent(key))
+    def _forget_disk_index(self) -> None:
+        """The whole disk index goes, without moves (a new directory, or a tier turned off): its
+        pages are unlinked once the index no longer counts them as held."""
+        old, self.disk, self.disk_dir = self.disk, None, None
+        for key in old.keys() if old is not None else []:
+            self.links.left(key, old.parent(key))
 
     def take_moves(self) -> list[KVMove]:
         out, self.moves = self.moves, []
@@ -167,9 +165,6 @@ class KVTiers:
         self.counters[f"pages_{kind.value}"] += max(len(src), len(keys))
 
     # -- prefix order (the links: cache/tier_links.py) --------------------------------
-
-    def held_below(self, key: str) -> bool:
-        return self.links.held(key)
 
     def _held(self, key: str | None) -> bool:
         """key's page is somewhere (None, a sequence's start, always is)."""
@@ -244,7 +239,7 @@ class KVTiers:
             elif self._held(parent):  # else nothing could reach it
                 slot = self._host_slot()
                 if slot is None:  # every host slot is reserved by a swapped request, or pinned
-                    if self.held_below(key):  # on disk already
+                    if self.links.held(key):  # on disk already
                         parent = key
                         continue
                     self.counters["pinned_dropped_pages"] += (not write) * sum(k in self.pinned for k in keys[i:])

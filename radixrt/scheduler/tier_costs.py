@@ -115,7 +115,7 @@ class TierCosts:
         policy's price (cache/eviction.py), by the model's attention share once the worker reported it."""
         if self.attention_per_position <= 0:
             return relative_recompute_cost(start, n)
-        return n * (1.0 + self.attention_per_position * (start + n / 2))
+        return relative_recompute_cost(start, n, self.attention_per_position)
 
     def pages_to_load(self, sources: list[MoveKind], start_page: int, page_size: int, count: bool = True) -> int:
         """How many leading pages of a run a request would read from the lower tiers to load;
