@@ -13,6 +13,7 @@ from typing import Any
 
 from radixrt.retention.policies import wants_mass
 from radixrt.retention.settings import Retention, server_settings
+from radixrt.speculative.settings import SpecSettings, spec_settings
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
@@ -204,6 +205,47 @@ class ServerArgs:
         0.9, "a spot check whose top-1 agreement is below this logs a warning (at most once a minute)"
     )
     quality_spot_check_queue: int = _arg(64, "spot checks waiting for idle time at most; older ones are skipped")
+    speculative_algorithm: str | None = _arg(
+        None, "speculative decoding: NGRAM (drafts from the request's own text and the text cached in its namespace) "
+        "or STANDALONE (a small draft model); EAGLE, EAGLE3 and NEXTN are refused (no EAGLE heads)"
+    )
+    speculative_draft_model_path: str | None = _arg(
+        None, "STANDALONE: the draft model's checkpoint directory (it must share the target's tokenizer)"
+    )
+    speculative_draft_model_revision: str | None = _arg(None, "SGLang's; refused when set (the draft is a local directory)")
+    speculative_draft_load_format: str | None = _arg(None, "SGLang's; refused when set")
+    speculative_num_steps: int | None = _arg(
+        None, "STANDALONE: draft tokens proposed per request and step at most (default 3)"
+    )
+    speculative_eagle_topk: int | None = _arg(None, "SGLang's; only 1 (a chain) is accepted")
+    speculative_num_draft_tokens: int | None = _arg(
+        None, "tokens verified per request and step at most, the last accepted one included (NGRAM default 8; "
+        "STANDALONE: num_steps + 1); the scheduler picks each request's draft length up to it"
+    )
+    speculative_accept_threshold_single: float = _arg(1.0, "SGLang's relaxed acceptance; only 1.0 (exact) is accepted")
+    speculative_accept_threshold_acc: float = _arg(1.0, "SGLang's relaxed acceptance; only 1.0 (exact) is accepted")
+    speculative_token_map: str | None = _arg(None, "SGLang's EAGLE token map; refused when set")
+    speculative_attention_mode: str = _arg("prefill", "SGLang's; drafts are verified as an extend step (prefill)")
+    speculative_draft_attention_backend: str | None = _arg(None, "SGLang's; refused when set (the target's backend runs)")
+    speculative_moe_runner_backend: str | None = _arg(None, "SGLang's; refused when set")
+    speculative_moe_a2a_backend: str | None = _arg(None, "SGLang's; refused when set")
+    speculative_draft_model_quantization: str | None = _arg(None, "SGLang's; refused when set")
+    speculative_draft_policy: str = _arg(
+        "adaptive", "radixrt's: adaptive (each request's draft length per step from measured acceptance and step "
+        "cost, none where drafts would not pay) or max (always the most num_draft_tokens allows: SGLang's behavior)"
+    )
+    speculative_ngram_min_match_window_size: int = _arg(1, "NGRAM: the shortest suffix of the text matched")
+    speculative_ngram_max_match_window_size: int = _arg(12, "NGRAM: the longest suffix of the text matched")
+    speculative_ngram_min_bfs_breadth: int = _arg(1, "SGLang's draft-tree breadth; only 1 (a chain) is accepted")
+    speculative_ngram_max_bfs_breadth: int = _arg(1, "SGLang's draft-tree breadth; only 1 (a chain) is accepted")
+    speculative_ngram_match_type: str = _arg(
+        "BFS", "NGRAM: which continuation of a matched n-gram is drafted: BFS (the most recent) or PROB (the most "
+        "frequent, token by token)"
+    )
+    speculative_ngram_branch_length: int = _arg(18, "NGRAM: tokens indexed after each n-gram")
+    speculative_ngram_capacity: int = _arg(
+        1_000_000, "NGRAM: entries the index over cached text holds at most (least recently used ones go first)"
+    )
     watchdog_timeout: float = _arg(300.0, "seconds a step may take before the server gives up on a hung worker")
     random_seed: int = _arg(0, "seed of the global sampling RNG")
     log_level: str = _arg("info", "logging level: debug, info, warning, error")
@@ -264,6 +306,7 @@ class ServerArgs:
                 raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
         self._check_distributed()
         self._check_kv_memory()
+        spec_settings(self)  # ValueError naming the flag
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
 
@@ -357,6 +400,10 @@ class ServerArgs:
     def retention(self) -> Retention:
         """The server's retention settings (requests may override them)."""
         return server_settings(self.kv_retention, self.kv_sink_tokens, self.kv_window_tokens, self.kv_heavy_ratio)
+
+    @property
+    def speculative(self) -> SpecSettings:
+        return spec_settings(self)
 
     @property
     def prefill_chunk(self) -> int:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     from radixrt.config import ServerArgs
     from radixrt.retention.settings import Retention
+    from radixrt.speculative.settings import SpecSettings
 
 V = TypeVar("V", bound="ConfigView")
 
@@ -93,6 +94,7 @@ class SchedulerConfig(ConfigView):
     preemption_mode: str
     swap_min_tokens: int
     retention: Retention
+    speculative: SpecSettings
     disable_jump_forward: bool
     constrained_json_disable_any_whitespace: bool
     quality_spot_check_rate: float

@@ -109,6 +109,14 @@ class CachedTokensDetail(msgspec.Struct, array_like=True):
     storage: int | None = None  # None: the server has no disk tier
 
 
+class SpecCounts(msgspec.Struct, array_like=True):
+    """One request's speculative decoding so far (on a server that speculates)."""
+
+    verify_ct: int = 0  # its decode steps: each verified its drafts, if it had any
+    proposed: int = 0  # drafts verified
+    accepted: int = 0  # drafts kept
+
+
 class ReqOutput(msgspec.Struct, array_like=True):
     """What one request produced in one step."""
 
@@ -126,6 +134,7 @@ class ReqOutput(msgspec.Struct, array_like=True):
     queue_time: float | None = None
     # cached_tokens by tier, with the hierarchical cache on and a hit; else None (as SGLang)
     cached_details: CachedTokensDetail | None = None
+    spec: SpecCounts | None = None  # on a server that speculates: its figures so far
 
 
 class TokenBatchOut(msgspec.Struct, tag=True):
@@ -198,6 +207,10 @@ class BatchEntry(msgspec.Struct, array_like=True, kw_only=True):
     pos_offset: int = 0  # a token's position in its sequence minus its cache index (tokens retention dropped)
     retain: Retain | None = None
     want_mass: bool = False  # report the attention mass each of its pages drew this step (heavy_hitter)
+    # speculative decoding (sample is then True): the last draft_len input ids are drafts to verify; the worker
+    # samples at each of the last draft_len + 1 rows and keeps the longest run of drafts its samples agree with
+    draft_len: int = 0
+    propose: int = 0  # STANDALONE: the worker's draft model proposes up to this many drafts, then verifies them
 
 
 class ForwardBatch(msgspec.Struct, tag=True):
@@ -283,6 +296,14 @@ class EntryLogprobs(msgspec.Struct, array_like=True):
     output_top: TopLogprobs | None = None
 
 
+class SpecVerdict(msgspec.Struct, array_like=True):
+    """One entry's verified drafts: the request gains draft[:accepted], then the entry's next id (the
+    target's own token at the first disagreement, or after the last draft)."""
+
+    draft: list[int]  # the drafts verified (the scheduler's, or the worker's draft model's)
+    accepted: int
+
+
 class EntryError(msgspec.Struct, array_like=True):
     """One batch entry failed in the step (sampling, logprobs): only its request fails."""
 
@@ -333,6 +354,7 @@ class BatchResult(msgspec.Struct, tag=True):
     page_mass: list[list[float]] = []
     memory: WorkerMemory | None = None  # at most once a second
     disk: DiskFaults | None = None  # None: the disk tier had no failure since the last result
+    spec: list[SpecVerdict] = []  # one per entry that verified drafts (draft_len or propose) and did not fail, in order
 
 
 class SpotCheckResult(msgspec.Struct, tag=True):

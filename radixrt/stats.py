@@ -96,6 +96,20 @@ class SchedulerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kv_retention_peak_pages: int
     kv_retention_retained_fraction: float
     kv_retention_requests: dict[str, int]  # policy -> requests admitted under it
+    # speculative decoding (scheduler/speculation.py; zeros when it is off)
+    spec_accept_length: float  # tokens a decode step gained per request, on average (SGLang's)
+    spec_accept_rate: float  # drafts accepted / drafts verified
+    spec_draft_tokens: int
+    spec_accepted_tokens: int
+    spec_verify_steps: int  # request decode steps on a speculating server
+    spec_drafted_steps: int  # of them, those that verified drafts
+    spec_mean_draft_length: float  # drafts per drafted step: what the cost model chose
+    spec_unspeculated_requests: dict[str, int]  # reason -> requests that ran unspeculated
+    spec_ngram_index_entries: int
+    spec_ngram_index_bytes: int
+    spec_stale_draft_pages: int  # STANDALONE: device pages without their draft KV
+    spec_step_seconds_fixed: float  # the cost model's fit: a decode step's seconds = fixed + per_token * tokens
+    spec_step_seconds_per_token: float
     # quality spot checks
     quality_spot_checks: int
     quality_spot_check_tokens: int

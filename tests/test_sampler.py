@@ -416,3 +416,20 @@ def test_degenerate_filters_and_penalties_keep_the_most_likely_token(params) -> 
     assert sampler.sample(logits, [0, 1, 2]).tolist() == [expected] * 3
     processed = sampler.processed_logits(logits[:1], [0])[0]
     assert torch.isfinite(processed.amax()) and int(processed.argmax()) == expected
+
+
+def test_chains_sample_each_row_as_its_output_position_would() -> None:
+    """A verify step's rows of one slot (Sampler.sample_chains) draw what plain decoding draws at
+    those output positions: the seeded draw and the min_new_tokens ban follow the row's position."""
+    v, gen = 16, torch.Generator().manual_seed(0)
+    logits = torch.randn(6, v, generator=gen)
+    logits[:, 5] += 4.0  # the stop id would win everywhere but for the ban
+    params = SamplingParams(temperature=0.7, seed=11, min_new_tokens=3, max_new_tokens=20)
+    plain, chains = Sampler(2, v, torch.device("cpu")), Sampler(2, v, torch.device("cpu"))
+    for s in (plain, chains):
+        s.add(1, params, [], stop_ids=[5])
+    want = [int(plain.sample(logits[i : i + 1], [1])) for i in range(6)]
+    got = chains.sample_chains(logits[:4], [1] * 4, [0, 1, 2, 3])
+    chains.advance(1, 4)
+    got += chains.sample_chains(logits[4:], [1] * 2, [0, 1])
+    assert got == want and 5 not in want[:3]

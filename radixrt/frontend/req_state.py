@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
-from radixrt.messages import CachedTokensDetail, FinishReason, ReqOutput, TopLogprobs
+from radixrt.messages import CachedTokensDetail, FinishReason, ReqOutput, SpecCounts, TopLogprobs
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.sampling_params import SamplingParams
 
@@ -45,6 +45,7 @@ class ReqState:
     finish: FinishReason | None = None
     cached_tokens: int = 0
     cached_details: CachedTokensDetail | None = None  # cached_tokens by tier (None: no tiers, or no hit)
+    spec: SpecCounts | None = None  # on a speculating server: its speculative decoding so far
     output_logprobs: list[float] = field(default_factory=list)
     output_top: list[TopLogprobs] = field(default_factory=list)
     input_logprobs: list[float | None] = field(default_factory=list)
@@ -76,6 +77,7 @@ class ReqState:
         self.output_ids += out.new_ids
         self.cached_tokens = out.cached_tokens
         self.cached_details = out.cached_details
+        self.spec = out.spec or self.spec
         if out.input_logprobs is not None:
             self.input_logprobs = out.input_logprobs
             self.input_top = out.input_top
@@ -103,6 +105,8 @@ class ReqState:
             "weight_version": self.weight_version,
             "e2e_latency": (self.finished_at or time.perf_counter()) - self.created,
         }
+        if self.spec is not None:
+            meta.update(spec_meta(self.spec, len(self.output_ids)))
         if self.return_logprob:
             meta.update(self._logprob_meta(tokenizer))
         return {"text": text, "output_ids": list(self.output_ids), "meta_info": meta}
@@ -122,3 +126,15 @@ class ReqState:
             "input_top_logprobs": tops(self.input_top),
             "output_top_logprobs": tops(self.output_top),
         }
+
+
+def spec_meta(spec: SpecCounts, completion_tokens: int) -> dict[str, Any]:
+    """SGLang's speculative fields of meta_info: verify steps, tokens per verify step (the first
+    token, from the prefill, included, as SGLang counts) and accepted / drafted tokens."""
+    return {
+        "spec_verify_ct": spec.verify_ct,
+        "spec_accept_length": completion_tokens / spec.verify_ct if spec.verify_ct else 0.0,
+        "spec_accept_rate": spec.accepted / spec.proposed if spec.proposed else 0.0,
+        "spec_accept_token_num": spec.accepted,
+        "spec_draft_token_num": spec.proposed,
+    }

@@ -138,7 +138,7 @@ class KVMemory:
         p = drop_plan.plan(r.kv, r.retention, n)
         if p is not None:
             return p.pages_needed(r.kv.kv_len, n, self.page_size)
-        return math.ceil((r.kv.kv_len + n) / self.page_size) - len(r.kv.pages)
+        return max(0, math.ceil((r.kv.kv_len + n) / self.page_size) - len(r.kv.pages))  # drafts may have left some
 
     def fit_tokens(self, r: Req, n: int) -> int:
         """The most of r's next n tokens whose pages can be had now."""
@@ -192,6 +192,11 @@ class KVMemory:
     def advance(self, r: Req, n: int) -> None:
         """The worker computed the KV of r's next n tokens (into the pages grow() gave)."""
         r.kv.kv_len += n
+
+    def keep_to(self, r: Req, n: int) -> None:
+        """r keeps the KV of at most its first n tokens (drafts a verify step accepted past a stop
+        that ended r): what follows is never cached, and its pages are freed with r's extra ones."""
+        r.kv.kv_len = min(r.kv.kv_len, n - r.kv.dropped)
 
     def _offload(self, leaf: Node) -> None:
         """An evicted leaf's full pages go down a tier (a partial leaf is only dropped)."""

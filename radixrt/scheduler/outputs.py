@@ -22,21 +22,26 @@ class StepOutputs:
         self.stop, self.spot, self.jump_forward = stop, spot, jump_forward
         self.jump_forward_tokens = 0
 
-    def after_step(self, r: Req, lp: EntryLogprobs | None, next_id: int | None) -> ReqOutput | None:
-        """r after a step that ran (next_id: its sampled token, if any): its output, finish, logprobs.
-        None: nothing to tell the frontend. Raises when the grammar does not allow the token."""
+    def after_step(self, r: Req, lp: EntryLogprobs | None, tokens: list[int]) -> ReqOutput | None:
+        """r after a step that ran (tokens: what it gained: its sampled token, after the drafts a
+        verify step kept): its output, finish, logprobs. The tokens join one by one, each through
+        the stop checks, so nothing past a stop is emitted. None: nothing to tell the frontend.
+        Raises when the grammar does not allow a token."""
         collect_prompt_logprobs(r, lp)
         out = ReqOutput(r.rid, [], prompt_tokens=r.prompt_len, cached_tokens=max(r.cached_tokens, 0),
                         cached_details=r.cached_details)
         attach_prompt_logprobs(r, out)
-        if next_id is not None:
+        for next_id in tokens:
             r.output_ids.append(next_id)
-            out.new_ids = [next_id]
-            attach_output_logprobs(lp, out)
-            self.spot.note_output(r, lp)
+            out.new_ids.append(next_id)
             if r.grammar is not None and not r.grammar.accept(next_id):
                 raise RuntimeError(f"sampled token {next_id}, which its grammar does not allow")
             r.finish = self._finish_after(r, 1)
+            if r.finish is not None:
+                break
+        if tokens:
+            attach_output_logprobs(lp, out)  # one token (a verify step's requests ask for none)
+            self.spot.note_output(r, lp)
             if r.finish is None and self.jump_forward and can_jump(r):
                 forced = jump(r, self.stop.tokenizer)  # run in the next step, like a prefill chunk
                 if forced:

@@ -13,6 +13,7 @@ from radixrt.retention.policies import RetentionBudget
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.kv_handle import KVHandle
 from radixrt.scheduler.stop_state import StopState
+from radixrt.speculative.request_spec import RequestSpec
 
 
 def longrope_namespace(namespace: CacheNamespace, long_rope: bool) -> CacheNamespace:
@@ -52,6 +53,7 @@ class Req:
     prompt_logprobs_sent: bool = False
     spot_check: bool = False  # a quality spot check re-scores it when done (scheduler/spot_checks.py)
     live_logprobs: list[float] = field(default_factory=list)  # spot_check: the logprob of each token it emitted
+    spec: RequestSpec | None = None  # on a speculating server, from its first admission (scheduler/speculation.py)
 
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:

@@ -55,6 +55,7 @@ from radixrt.scheduler.outputs import StepOutputs
 from radixrt.scheduler.policy import SCHEDULE_POLICIES
 from radixrt.scheduler.preemption import Preemption
 from radixrt.scheduler.req import Req
+from radixrt.scheduler.speculation import Draft, Speculator
 from radixrt.scheduler.spot_checks import SpotChecks
 from radixrt.scheduler.stop import StopChecker
 from radixrt.scheduler.tier_costs import TierCosts
@@ -119,6 +120,7 @@ class Scheduler:
                              self.spot, self.figures)
         self.outputs = StepOutputs(self.stop, self.spot, not args.disable_jump_forward)
         self.tier_move_seconds = 0.0
+        self.spec = Speculator(args.speculative, worker.page_size, worker.context_length)
 
     @property
     def idle(self) -> bool:
@@ -181,6 +183,7 @@ class Scheduler:
         if not self.idle:
             return f"cannot flush the cache while {len(self.running)} running and {len(self.waiting)} waiting requests use it"
         self.mem.flush()
+        self.spec.flush()
         return None
 
     def begin_weight_update(self, msg: UpdateWeights) -> WeightsUpdateReply | None:
@@ -213,15 +216,17 @@ class Scheduler:
             self._schedule_prefills(entries)
             if not entries and (self.waiting or self.running):
                 self.preemption.make_room(self.running, "admission")
+        moves = self.mem.take_moves()
+        self.spec.moved(moves)
         if not entries:
-            return Scheduled(self.mem.take_moves(), None)
+            return Scheduled(moves, None)
         self.step_no += 1
         self.budget.on_step()
         self.figures.note_used(self.mem.used_pages)
         src, dst = self.mem.take_copies()
         batch = ForwardBatch(self.step_no, entries, self.freed_slots, src, dst)
         self.freed_slots = []
-        return Scheduled(self.mem.take_moves(), batch)
+        return Scheduled(moves, batch)
 
     def _take_compiled(self) -> None:
         """Requests whose grammar is compiled join the waiting queue; a refused grammar ends its request."""
@@ -236,8 +241,10 @@ class Scheduler:
             victim = self.preemption.make_room(self.running, "decode_growth")
             if victim in decoding:
                 decoding.remove(victim)
+        spare = self.mem.available - sum(self.mem.pages_needed(r, 1) for r in decoding)
+        drafts = self.spec.plan(decoding, spare, 0)
         for r in decoding:
-            entries.append(self._entry(r, 1))
+            entries.append(self._entry(r, 1, drafts.get(r)))
 
     def _schedule_prefills(self, entries: list[BatchEntry]) -> None:
         token_budget = self.args.prefill_chunk
@@ -279,11 +286,15 @@ class Scheduler:
         self.admissions += 1
         r.admitted_at = self.admissions
         self.running.append(r)
+        self.spec.admit(r)
 
-    def _entry(self, r: Req, n: int) -> BatchEntry:
+    def _entry(self, r: Req, n: int, draft: Draft | None = None) -> BatchEntry:
+        """r runs its next n tokens (and verifies `draft`, when it has one) in this step."""
         start, dropped = r.kv_len, r.kv.dropped
+        k = draft.length if draft is not None else 0
         retain = self.mem.retain(r, n) if r.retention is not None else None
-        new_pages = self.mem.grow(r, n)
+        new_pages = self.mem.grow(r, n + k)
+        self.spec.wrote(r, r.kv.pages[r.kv.kv_len // self.mem.page_size :])
         self.retention.after_growth(r, (r.kv.dropped - dropped) // self.mem.page_size)
         sample = start + n == r.seq_len and r.sampling.max_new_tokens > 0
         init = None
@@ -291,11 +302,15 @@ class Scheduler:
             penalty_ids = r.prompt_ids if r.sampling.repetition_penalty != 1 else []
             init = SlotInit(r.sampling, self.stop.stop_ids(r), penalty_ids, list(r.output_ids), r.long_rope)
         self.inflight.append((r, n))
+        if r.spec is not None:
+            r.spec.pending = k
         allowed = r.grammar.allowed() if sample and r.grammar is not None else b""
-        return BatchEntry(slot=r.slot, input_ids=r.tokens(start, start + n), start_pos=r.kv.kv_len, new_pages=new_pages,
-                          sample=sample, init=init, logprobs=logprob_spec(r, start, n), allowed=allowed,
-                          pos_offset=r.kv.dropped, retain=retain,
-                          want_mass=r.retention is not None and r.retention.wants_mass)
+        drafted = draft.tokens if draft is not None else []
+        return BatchEntry(slot=r.slot, input_ids=r.tokens(start, start + n) + drafted, start_pos=r.kv.kv_len,
+                          new_pages=new_pages, sample=sample, init=init, logprobs=logprob_spec(r, start, n),
+                          allowed=allowed, pos_offset=r.kv.dropped, retain=retain,
+                          want_mass=r.retention is not None and r.retention.wants_mass, draft_len=len(drafted),
+                          propose=draft.propose if draft is not None else 0)
 
     # -- results ---------------------------------------------------------------
 
@@ -307,8 +322,10 @@ class Scheduler:
         failed = {e.entry: e.message for e in batch.errors}
         # entry -> whether it sampled; first, before anything is cached
         lost = self.preemption.recompute_lost(batch.disk, self.running, self.inflight)
-        ids = iter(batch.next_ids)  # failed entries have none
+        ids, verdicts = iter(batch.next_ids), iter(batch.spec)  # failed entries have neither
         for i, (r, n) in enumerate(self.inflight):
+            drafts, sampled = r.spec.pending if r.spec is not None else 0, r.kv_len + n == r.seq_len
+            verdict = next(verdicts) if drafts and i not in failed else None
             if i in lost:  # its step read KV a disk load could not provide: thrown away, r runs again
                 if lost[i] and i not in failed:
                     next(ids)
@@ -319,18 +336,25 @@ class Scheduler:
                 logger.error("request %s failed in step %d: %s", r.rid, self.step_no, failed[i])
                 self._finish(r, internal_error(failed[i]))
                 continue
-            self.mem.advance(r, n)
+            self.mem.advance(r, n + (verdict.accepted if verdict is not None else 0))  # and the drafts it keeps
             r.slot_initialized = True
             if batch.page_mass and batch.page_mass[i]:
                 self.mem.add_mass(r, batch.page_mass[i])
-            next_id = next(ids) if r.kv_len == r.seq_len and r.sampling.max_new_tokens > 0 else None
+            tokens = [next(ids)] if sampled and r.sampling.max_new_tokens > 0 else []
+            if verdict is not None:
+                self.spec.verified(r, verdict)
+                tokens = verdict.draft[: verdict.accepted] + tokens
             try:
-                out = self.outputs.after_step(r, batch.logprobs[i] if batch.logprobs else None, next_id)
+                out = self.outputs.after_step(r, batch.logprobs[i] if batch.logprobs else None, tokens)
             except Exception as e:  # a bug met by this request only (stop check, logprobs): fail it alone
                 logger.exception("request %s failed after step %d", r.rid, self.step_no)
                 self._finish(r, internal_error(f"{type(e).__name__}: {e}"))
                 continue
+            if verdict is not None:
+                self.mem.keep_to(r, r.seq_len)
             if out is not None:
+                self.spec.gained(r, out.new_ids, n == 1 and r.output_len > len(out.new_ids))
+                out.spec = r.spec.counts() if r.spec is not None else None
                 self.outbox.append(out)
             if r.finish is not None:
                 self.spot.on_finish(r)
@@ -351,6 +375,9 @@ class Scheduler:
             tokens = sum(n for _, n in self.inflight)
             attended = sum(n * r.kv.kv_len + n * (n + 1) // 2 for r, n in self.inflight)
             self.tier_costs.observe_prefill(tokens, batch.forward_seconds, attended)
+        elif self.inflight:  # decodes only: the step's cost by its tokens, drafts included (speculation.py)
+            drafts = sum(r.spec.pending for r, _ in self.inflight if r.spec is not None)
+            self.spec.observe_step(len(self.inflight) + drafts, batch.forward_seconds)
 
     # -- freeing ---------------------------------------------------------------
 
@@ -368,6 +395,7 @@ class Scheduler:
             self.mem.drop_swap(r)
 
     def _release(self, r: Req) -> None:
+        self.spec.release(r)
         self.mem.release(r)
         self.running.remove(r)
         self.free_slots.append(r.slot)
@@ -396,4 +424,5 @@ class Scheduler:
             **self.memory_figures,
             **self.counters,
             **self.retention.stats(self.running),
+            **self.spec.stats(),
         )

@@ -47,6 +47,9 @@ SGLANG_GAUGES = {
     "cache_hit_rate": ("sglang:cache_hit_rate", "The prefix cache hit rate (cached / prompt tokens since start)."),
     "used_tokens": ("sglang:num_used_tokens", "The number of used tokens (KV pages requests hold, in tokens)."),
     "max_total_tokens": ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
+    "spec_accept_length": ("sglang:spec_accept_length", "The average acceptance length of speculative decoding "
+                           "(tokens a decode step gains per request)."),
+    "spec_accept_rate": ("sglang:spec_accept_rate", "The acceptance rate of speculative decoding (accepted / drafted)."),
 }
 # scheduler stat -> (radixrt metric name, help): gauges, and counters (names ending in _total)
 SCHEDULER_FIGURES = {
@@ -127,6 +130,14 @@ SCHEDULER_FIGURES = {
     "quality_last_top1_agreement": ("radixrt:quality_last_top1_agreement", "the last spot check's top-1 agreement"),
     "quality_last_mean_abs_dlogprob": ("radixrt:quality_last_mean_abs_dlogprob", "the last spot check's mean |dlogprob|"),
     "quality_spot_checks_pending": ("radixrt:quality_spot_checks_pending", "spot checks waiting for idle time"),
+    "spec_draft_tokens": ("radixrt:spec_draft_tokens_total", "draft tokens verified"),
+    "spec_accepted_tokens": ("radixrt:spec_accepted_tokens_total", "draft tokens accepted"),
+    "spec_verify_steps": ("radixrt:spec_verify_steps_total", "request decode steps on a speculating server"),
+    "spec_drafted_steps": ("radixrt:spec_drafted_steps_total", "request decode steps that verified drafts"),
+    "spec_mean_draft_length": ("radixrt:spec_mean_draft_length", "drafts per drafted step, as the cost model chose"),
+    "spec_ngram_index_entries": ("radixrt:spec_ngram_index_entries", "entries of the NGRAM index over cached text"),
+    "spec_ngram_index_bytes": ("radixrt:spec_ngram_index_bytes", "memory the NGRAM index holds (estimated)"),
+    "spec_stale_draft_pages": ("radixrt:spec_stale_draft_pages", "STANDALONE: device pages without their draft KV"),
     "quality_spot_checks_skipped": ("radixrt:quality_spot_checks_skipped_total",
                                     "spot checks dropped (a full queue, a sequence longer than the reference pool)"),
 }
@@ -134,6 +145,8 @@ SCHEDULER_FIGURES = {
 LABELLED = {
     "kv_retention_requests": ("radixrt:kv_retention_requests", "requests admitted under each bounded-KV retention "
                               "policy", "policy"),
+    "spec_unspeculated_requests": ("radixrt:spec_unspeculated_requests", "requests a speculating server ran "
+                                   "unspeculated, by reason", "reason"),
     "retractions_by_cause": ("radixrt:retractions_by_cause", "running requests that gave their KV pages back, by cause",
                              "cause"),
 }
@@ -144,6 +157,7 @@ INFO_ONLY = frozenset({
     "num_pages", "free_pages", "evictable_pages", "page_size", "forward_steps", "prompt_tokens",
     "cached_prompt_tokens", "jump_forward_tokens", "weight_updates", "weight_update_pending", "held_for_weight_update",
     "kv_pool_bytes", "page_table_bytes", "weight_bytes", "cost_attention_per_position", "cost_prefill_steps",
+    "spec_step_seconds_fixed", "spec_step_seconds_per_token",
 })
 
 

@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 class LogitRows:
     rows: list[int] = field(default_factory=list)  # token rows of the step's hidden states
     sample_pos: list[int] = field(default_factory=list)  # positions in `rows` to sample from, entry order
-    entry_sample: list[int | None] = field(default_factory=list)  # per entry: its position in `rows`
+    # per entry: its position in `rows` (a verifying entry's draft_len + 1 rows start there)
+    entry_sample: list[int | None] = field(default_factory=list)
     entry_prompt: list[int | None] = field(default_factory=list)  # per entry: first prompt-logprob position
     any_logprobs: bool = False
 
@@ -36,10 +37,10 @@ class LogitRows:
                 plan.rows.extend(range(offset + lp.prompt_from, offset + lp.prompt_from + len(lp.prompt_targets)))
             plan.entry_prompt.append(first)
             sample = None
-            if e.sample:
+            if e.sample:  # the last row, and before it one per draft to verify
                 sample = len(plan.rows)
                 plan.sample_pos.append(sample)
-                plan.rows.append(offset + len(e.input_ids) - 1)
+                plan.rows.extend(range(offset + len(e.input_ids) - 1 - e.draft_len, offset + len(e.input_ids)))
             plan.entry_sample.append(sample)
             offset += len(e.input_ids)
         return plan

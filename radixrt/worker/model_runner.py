@@ -31,6 +31,7 @@ from radixrt.messages import (
     EntryLogprobs,
     ForwardBatch,
     KVMove,
+    SpecVerdict,
     SpotCheck,
     SpotCheckResult,
     WeightsLoaded,
@@ -40,6 +41,7 @@ from radixrt.models import reload_weights
 from radixrt.models.cpu_matmul import pack_linear_weights
 from radixrt.utils.checkpoint_meta import incompatibility
 from radixrt.worker.cuda_graph import DecodeGraphRunner
+from radixrt.worker.draft_model import DraftModel
 from radixrt.worker.kv_calibration import KVCalibrationError, PrecisionReport
 from radixrt.worker.kv_tiers import prepare_disk_dir
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
@@ -62,6 +64,7 @@ from radixrt.worker.runner_setup import (
 from radixrt.worker.sampler import Sampler, mask_disallowed
 from radixrt.worker.slot_table import SlotTable
 from radixrt.worker.tier_probe import TransferProbe, attention_per_position, probe_transfers
+from radixrt.worker.verify import verify_chains
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +75,7 @@ def _try(fn, what: str) -> str | None:
         fn()
     except KVCalibrationError as e:
         return str(e)
-    except Exception as e:  # noqa: BLE001 - reported to the caller, who rolls back
+    except Exception as e:
         logger.exception("%s failed", what)
         return f"{what} failed: {type(e).__name__}: {e}"
     return None
@@ -94,6 +97,8 @@ class ModelRunner:
         self.attn = self._attention_over(self.cache)
         self.retention_refusals = refusals(self.model, self.attn, args.kv_retention)
         self.slots = SlotTable(args.max_running_requests, self.context_length, self.cache, self.model, device)
+        self.draft = (DraftModel(args, self.cfg, self.cache, self.backend_name, device, self.ranks)
+                      if args.speculative.algorithm == "STANDALONE" else None)
         self.kv_check: PrecisionReport | None = None  # the quantized pool's start-up check
         if self.cache.quantized:  # before graph capture: fp8's scales are folded in there
             self._check_quantized_kv()
@@ -225,6 +230,9 @@ class ModelRunner:
         start = time.perf_counter()
         failed = self._apply_slot_changes(batch)  # entry index -> why; grown by sampling and logprobs
         entries = batch.entries
+        if self.draft is not None:  # STANDALONE: the draft model keeps up, and drafts where asked
+            self.draft.copy_pages(batch)
+            entries = self.draft.propose(entries, self._prepare)
         meta, input_ids, positions = self._prepare(entries)
         if self.graphs is not None and not meta.mass_reqs and self.graphs.can_run(meta):
             hidden = self.graphs.replay(meta, input_ids, positions)  # [T, hidden]
@@ -237,7 +245,7 @@ class ModelRunner:
         disk = self.tiers.take_faults() if self.tiers is not None else None  # agreed: rank 0's stand for all
         if self.tp.rank != 0:  # the others took part in the forward and the logits gather; rank 0 samples
             return BatchResult(step=batch.step, next_ids=[])
-        ids = self._sample(entries, rows, logits, failed)
+        ids, spec = self._sample(entries, rows, logits, failed)
         logprobs: list[EntryLogprobs | None] = []
         if rows.any_logprobs:
             logprobs = entry_logprobs(entries, rows, logits, ids, failed)
@@ -247,16 +255,27 @@ class ModelRunner:
         # sampled ids are on the host: the device has finished the step (else, on CUDA, it may not have)
         took = time.perf_counter() - start if next_ids or self.device.type != "cuda" else 0.0
         return BatchResult(step=batch.step, next_ids=next_ids, logprobs=logprobs, move_times=moved,
-                           forward_seconds=took, errors=errors, page_mass=page_mass, memory=self.memory.due(), disk=disk)
+                           forward_seconds=took, errors=errors, page_mass=page_mass, memory=self.memory.due(), disk=disk,
+                           spec=spec)
 
     def _sample(
         self, entries: list[BatchEntry], rows: LogitRows, logits: torch.Tensor, failed: dict[int, str]
-    ) -> list[int | None]:
-        """Per entry its next id (None: no sample, or it failed: added to `failed`)."""
+    ) -> tuple[list[int | None], list[SpecVerdict]]:
+        """Per entry its next id (None: no sample, or it failed: added to `failed`), and the verdicts
+        of the entries that verified drafts (worker/verify.py), in entry order."""
         ids: list[int | None] = [None] * len(entries)
-        picks = [i for i, e in enumerate(entries) if e.sample and i not in failed]
+        chains = [i for i, e in enumerate(entries) if e.sample and e.draft_len and i not in failed]
+        verdicts = verify_chains(self.sampler, entries, rows, logits, chains) if chains else {}
+        spec: list[SpecVerdict] = []
+        for i, v in verdicts.items():
+            if isinstance(v, str):
+                failed[i] = v
+            else:
+                spec.append(v[0])
+                ids[i] = v[1]
+        picks = [i for i, e in enumerate(entries) if e.sample and not e.draft_len and i not in failed]
         if not picks:
-            return ids
+            return ids, spec
         pos = [rows.entry_sample[i] for i in picks]
         picked = logits[pos]  # [S, vocab], a copy: the logprobs read the raw logits
         constrained = [k for k, i in enumerate(picks) if entries[i].allowed]
@@ -267,7 +286,7 @@ class ModelRunner:
             ids[i] = t
         for row, why in res.errors.items():
             failed[picks[row]] = why
-        return ids
+        return ids, spec
 
     def _apply_slot_changes(self, batch: ForwardBatch) -> dict[int, str]:
         """Freed slots, new slots' sampling state, copy-on-write copies and page-table deltas.

@@ -16,6 +16,7 @@ which other requests share the batch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -135,16 +136,38 @@ class Sampler:
         states = self._states(logits, slots)
         if not slots:
             return torch.empty(0, dtype=torch.int64, device=self.device)
-        logits = self._process(logits, slots, states)
+        next_ids = self._pick(self._process(logits, slots, states), slots, states)
+        self._record(next_ids, slots, states)
+        return next_ids
+
+    @torch.inference_mode()
+    def sample_chains(self, logits: torch.Tensor, slots: list[int], offsets: list[int]) -> list[int]:
+        """A verify step's rows: logits [R, vocab], row i the raw logits of slots[i]'s token offsets[i]
+        places past its output so far (a slot repeats, once per draft position). Each row is sampled
+        as plain decoding would sample that position: min_new_tokens bans and a seeded draw follow
+        the row's own output position, so a seeded request draws the same tokens as without
+        speculation. Nothing is recorded: advance() records the tokens accepted. Slots with
+        penalties are refused (their counts would need the rows' earlier tokens)."""
+        states = [dataclasses.replace(st, out_len=st.out_len + o) for st, o in zip(self._states(logits, slots), offsets)]
+        if any(st.penalized for st in states):
+            raise ValueError("penalized requests are not verified in chains (the scheduler runs them unspeculated)")
+        return self._pick(self._process(logits, slots, states), slots, states).tolist()
+
+    def advance(self, slot: int, n: int) -> None:
+        """slot's request gained n tokens from a verify step (sample_chains)."""
+        state = self._slots[slot]
+        assert state is not None and not state.penalized
+        state.out_len += n
+
+    def _pick(self, logits: torch.Tensor, slots: list[int], states: list[_Slot]) -> torch.Tensor:
+        """Processed logits [R, vocab] -> next ids [R] int64: greedy rows' argmax, the others drawn."""
         drawn = [i for i, s in enumerate(states) if not s.greedy]
         if len(drawn) == len(slots):
-            next_ids = self._draw(logits, slots, states)
-        else:
-            next_ids = logits.argmax(dim=-1)  # [R] int64
-            if drawn:
-                rows = torch.tensor(drawn, device=self.device)  # [D] batch rows to draw
-                next_ids[rows] = self._draw(logits[rows], [slots[i] for i in drawn], [states[i] for i in drawn])
-        self._record(next_ids, slots, states)
+            return self._draw(logits, slots, states)
+        next_ids = logits.argmax(dim=-1)  # [R] int64
+        if drawn:
+            rows = torch.tensor(drawn, device=self.device)  # [D] batch rows to draw
+            next_ids[rows] = self._draw(logits[rows], [slots[i] for i in drawn], [states[i] for i in drawn])
         return next_ids
 
     def sample_isolated(self, logits: torch.Tensor, slots: list[int]) -> Sampled:

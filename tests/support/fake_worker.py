@@ -16,13 +16,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import msgspec
+
 from radixrt.messages import (
+    BatchEntry,
     BatchResult,
     EntryError,
     EntryLogprobs,
     ForwardBatch,
     KVMove,
     MoveKind,
+    SpecVerdict,
     WorkerReady,
     disk_page_name,
 )
@@ -47,7 +51,9 @@ def reference_generate(prompt: list[int], n: int) -> list[int]:
 class FakeWorker:
     def __init__(self, num_pages: int, page_size: int, context_length: int = 4096, eos_ids=(49,),
                  host_pages: int = 0, disk_dir: str = "", disk_pages: int = 0,
-                 fails: Callable[[list[int]], str | None] | None = None) -> None:
+                 fails: Callable[[list[int]], str | None] | None = None,
+                 draft_wrong: Callable[[list[int]], bool] = lambda seq: False,
+                 step_seconds: Callable[[int], float] = lambda tokens: 0.0) -> None:
         self.ready = WorkerReady(num_pages, page_size, VOCAB, context_length, list(eos_ids), 8, page_size * 8,
                                  host_pages, disk_dir, disk_pages)
         self.page_size = page_size
@@ -56,6 +62,9 @@ class FakeWorker:
         self.host: dict[int, list] = {}  # host page -> the tokens its KV is of
         self.disk: dict[str, list] = {}  # file key -> the same
         self.fails = fails
+        self.draft_wrong = draft_wrong  # STANDALONE's fake draft model errs after these sequences
+        self.step_seconds = step_seconds  # the forward_seconds it reports for a step of that many tokens
+        self.verified: list[tuple[int, int]] = []  # (drafts, accepted) per verified entry
         self.views: list[tuple[int, list[int]]] = []  # (sequence length, what its pages show) per retention entry
 
     def _file(self, key: str) -> Path:
@@ -90,12 +99,30 @@ class FakeWorker:
                     del self.disk[key]
                     self._file(key).unlink()
 
+    def _propose(self, seq: list[int], k: int) -> list[int]:
+        """STANDALONE's draft model: the reference, wrong where draft_wrong says so."""
+        out: list[int] = []
+        for _ in range(k):
+            t = reference_next(seq + out)
+            out.append((t + 1) % VOCAB if self.draft_wrong(seq + out) else t)
+        return out
+
+    def _verify(self, e: BatchEntry, seq: list[int]) -> tuple[SpecVerdict, int]:
+        """The drafts at the end of seq against the reference at each of their positions."""
+        base = len(seq) - e.draft_len
+        target = [reference_next(seq[: base + j]) for j in range(e.draft_len + 1)]
+        draft = seq[base:]
+        n = next((j for j in range(e.draft_len) if draft[j] != target[j]), e.draft_len)
+        self.verified.append((e.draft_len, n))
+        return SpecVerdict(draft, n), target[n]
+
     def forward(self, batch: ForwardBatch) -> BatchResult:
         for s in batch.freed_slots:
             self.tables.pop(s, None)
         for src, dst in zip(batch.copy_src, batch.copy_dst):
             self.slots[dst] = self.slots[src]
-        next_ids, logprobs, errors, masses = [], [], [], []
+        next_ids, logprobs, errors, masses, spec = [], [], [], [], []
+        tokens = sum(len(e.input_ids) + e.propose for e in batch.entries)
         for i, e in enumerate(batch.entries):
             if e.init is not None:
                 assert e.slot not in self.tables, f"slot {e.slot} reused before the scheduler freed it"
@@ -104,6 +131,10 @@ class FakeWorker:
                 self.tables[e.slot] = list(e.retain.pages)
             table = self.tables[e.slot]
             table += e.new_pages
+            if e.propose:  # STANDALONE: drafts appended, then verified like the scheduler's own
+                prefix = [self.slots[table[p // self.page_size] * self.page_size + p % self.page_size]
+                          for p in range(e.start_pos)] + e.input_ids
+                e = msgspec.structs.replace(e, input_ids=e.input_ids + self._propose(prefix, e.propose), draft_len=e.propose)
             slot_of = lambda pos: table[pos // self.page_size] * self.page_size + pos % self.page_size  # noqa: E731
             end = e.start_pos + len(e.input_ids)
             seq = [self.slots[slot_of(p)] for p in range(e.start_pos)] + e.input_ids
@@ -119,10 +150,15 @@ class FakeWorker:
                 self.views.append((length, seq))
             if e.want_mass:  # a made-up attention mass per page: its tokens' values
                 masses.append(i)
-            if e.sample:
+            if e.sample and e.draft_len:
+                verdict, next_id = self._verify(e, seq)
+                spec.append(verdict)
+                next_ids.append(next_id)
+            elif e.sample:
                 next_ids.append(reference_next(seq, length))
             logprobs.append(EntryLogprobs(output=-1.0) if e.logprobs is not None else None)
         page_mass = [[] for _ in batch.entries] if masses else []
         for i in masses:
             page_mass[i] = [float(sum(t or 0 for t in self._page(p))) for p in self.tables[batch.entries[i].slot]]
-        return BatchResult(batch.step, next_ids, logprobs if any(logprobs) else [], errors=errors, page_mass=page_mass)
+        return BatchResult(batch.step, next_ids, logprobs if any(logprobs) else [], errors=errors, page_mass=page_mass,
+                           spec=spec, forward_seconds=self.step_seconds(tokens))

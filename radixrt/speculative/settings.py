@@ -1,0 +1,140 @@
+"""SpecSettings: the server's speculative decoding, from SGLang's --speculative-* flags.
+
+Two algorithms run here:
+
+  * NGRAM: drafts continue the request's own text (prompt lookup) or text the server has
+    cached in the request's namespace (ngram_index.py); no second model.
+  * STANDALONE: a small draft model that shares the target's tokenizer proposes
+    speculative_num_steps tokens with greedy decoding (worker/draft_model.py).
+
+Each verify step checks a chain of drafts per request: speculative_num_draft_tokens counts
+the tokens verified per request and step, the last accepted one included (SGLang's meaning:
+num_steps + 1 for a chain), so up to num_draft_tokens - 1 are drafted. It is a maximum: the
+scheduler chooses each request's draft length per step from measured acceptance and step cost
+(draft_length.py), down to none when speculation would not pay.
+
+SGLang flags that cannot apply here are refused by name at start rather than ignored: the
+EAGLE family (it needs EAGLE heads), trees (eagle_topk and ngram BFS breadth above 1: radixrt
+verifies chains), relaxed acceptance thresholds (they change the target's distribution, which
+radixrt keeps exactly), and the draft model's own backends, quantization and token map.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+ALGORITHMS = ("NGRAM", "STANDALONE")
+REFUSED_ALGORITHMS = {
+    "EAGLE": "EAGLE drafts from the target's hidden states through EAGLE heads, which radixrt does not load",
+    "EAGLE3": "EAGLE3 drafts from the target's hidden states through EAGLE heads, which radixrt does not load",
+    "NEXTN": "NEXTN (MTP) drafts through the model's multi-token-prediction layers, which radixrt does not load",
+}
+MATCH_TYPES = ("BFS", "PROB")
+POLICIES = ("adaptive", "max")
+# Flags of SGLang's that radixrt accepts only at their default (None or the value given), and why.
+EXACT = "relaxed acceptance changes the target's distribution; radixrt keeps it exactly"
+FIXED = {
+    "speculative_accept_threshold_single": (1.0, EXACT),
+    "speculative_accept_threshold_acc": (1.0, EXACT),
+    "speculative_attention_mode": ("prefill", "radixrt verifies drafts as an extend (prefill) step"),
+    "speculative_token_map": (None, "a token map narrows an EAGLE head's vocabulary; radixrt has no EAGLE heads"),
+    "speculative_draft_model_revision": (None, "the draft model is a local checkpoint directory"),
+    "speculative_draft_load_format": (None, "the draft model loads like the target (safetensors)"),
+    "speculative_draft_attention_backend": (None, "the draft model runs on the target's attention backend"),
+    "speculative_moe_runner_backend": (None, "the draft model runs the target's kernels"),
+    "speculative_moe_a2a_backend": (None, "the draft model runs the target's kernels"),
+    "speculative_draft_model_quantization": (None, "the draft model runs unquantized, in the target's dtype"),
+}
+DEFAULT_NGRAM_DRAFT_TOKENS = 8  # verified per step at most: the last token and up to 7 drafts
+DEFAULT_STANDALONE_STEPS = 3  # SGLang's auto choice for STANDALONE (steps 3, topk 1, draft tokens 4)
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """One server's speculation (algorithm None: off)."""
+
+    algorithm: str | None = None
+    num_draft_tokens: int = 0  # tokens verified per request and step at most, the last accepted one included
+    draft_model_path: str | None = None  # STANDALONE
+    min_window: int = 1  # NGRAM: the shortest suffix matched
+    max_window: int = 12
+    branch_length: int = 18  # NGRAM: tokens kept after each indexed n-gram
+    capacity: int = 1_000_000  # NGRAM: the index's entries at most
+    match_type: str = "BFS"
+    policy: str = "adaptive"  # draft lengths: adaptive (draft_length.py) or max
+
+    def with_policy(self, policy: str) -> SpecSettings:
+        if policy not in POLICIES:
+            raise ValueError(f"speculative_draft_policy must be adaptive or max, got {policy!r}")
+        return dataclasses.replace(self, policy=policy)
+
+    @property
+    def enabled(self) -> bool:
+        return self.algorithm is not None
+
+    @property
+    def max_drafts(self) -> int:
+        """Draft tokens one request verifies per step at most."""
+        return max(self.num_draft_tokens - 1, 0)
+
+
+def spec_settings(a: Any) -> SpecSettings:
+    """The settings of ServerArgs `a`; ValueError naming the flag that cannot apply."""
+    algo = a.speculative_algorithm
+    if algo is None:
+        return SpecSettings()
+    algo = algo.upper()
+    if algo in REFUSED_ALGORITHMS:
+        raise ValueError(f"speculative_algorithm {algo} is not supported: {REFUSED_ALGORITHMS[algo]}; "
+                         f"use one of {', '.join(ALGORITHMS)}")
+    if algo not in ALGORITHMS:
+        raise ValueError(f"speculative_algorithm must be one of {', '.join(ALGORITHMS)}, got {a.speculative_algorithm!r}")
+    for name, (default, why) in FIXED.items():
+        if getattr(a, name) != default:
+            raise ValueError(f"{name} {getattr(a, name)!r} is not supported: {why}")
+    if a.speculative_eagle_topk not in (None, 1):
+        raise ValueError(f"speculative_eagle_topk {a.speculative_eagle_topk} is not supported: radixrt verifies "
+                         "one chain of drafts per request (topk 1)")
+    settings = _standalone(a) if algo == "STANDALONE" else _ngram(a)
+    return settings.with_policy(a.speculative_draft_policy)
+
+
+def _standalone(a: Any) -> SpecSettings:
+    if not a.speculative_draft_model_path:
+        raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
+    steps = a.speculative_num_steps if a.speculative_num_steps is not None else DEFAULT_STANDALONE_STEPS
+    if steps < 1:
+        raise ValueError(f"speculative_num_steps must be >= 1, got {steps}")
+    tokens = a.speculative_num_draft_tokens if a.speculative_num_draft_tokens is not None else steps + 1
+    if tokens != steps + 1:
+        raise ValueError(f"speculative_num_draft_tokens {tokens} must be speculative_num_steps + 1 = {steps + 1}: "
+                         "a chain verifies the last token and one draft per step")
+    return SpecSettings("STANDALONE", tokens, a.speculative_draft_model_path)
+
+
+def _ngram(a: Any) -> SpecSettings:
+    if a.speculative_draft_model_path is not None:
+        raise ValueError("speculative_draft_model_path is for STANDALONE; NGRAM drafts without a model")
+    tokens = a.speculative_num_draft_tokens if a.speculative_num_draft_tokens is not None else DEFAULT_NGRAM_DRAFT_TOKENS
+    if tokens < 2:
+        raise ValueError(f"speculative_num_draft_tokens must be >= 2 (the last token and a draft), got {tokens}")
+    if a.speculative_num_steps not in (None, tokens - 1):
+        raise ValueError(f"speculative_num_steps {a.speculative_num_steps} must be speculative_num_draft_tokens - 1 "
+                         f"= {tokens - 1} for NGRAM chains (or left out)")
+    lo, hi = a.speculative_ngram_min_match_window_size, a.speculative_ngram_max_match_window_size
+    if not 1 <= lo <= hi:
+        raise ValueError(f"speculative_ngram_min_match_window_size ({lo}) and speculative_ngram_max_match_window_size "
+                         f"({hi}) must satisfy 1 <= min <= max")
+    for name in ("speculative_ngram_min_bfs_breadth", "speculative_ngram_max_bfs_breadth"):
+        if getattr(a, name) != 1:
+            raise ValueError(f"{name} {getattr(a, name)} is not supported: radixrt verifies one chain of drafts per "
+                             "request (breadth 1)")
+    if a.speculative_ngram_match_type not in MATCH_TYPES:
+        raise ValueError(f"speculative_ngram_match_type must be BFS or PROB, got {a.speculative_ngram_match_type!r}")
+    for name in ("speculative_ngram_branch_length", "speculative_ngram_capacity"):
+        if getattr(a, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(a, name)}")
+    return SpecSettings("NGRAM", tokens, None, lo, hi, a.speculative_ngram_branch_length,
+                        a.speculative_ngram_capacity, a.speculative_ngram_match_type)
