@@ -243,6 +243,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--turns", type=int, default=3, help="multiturn: turns per chat")
     p.add_argument("--waves", type=int, default=2, help="requests per point: max(waves * b, 8)")
+    p.add_argument("--max-new", type=int, default=0, help="new tokens per request in every workload (0: each its own)")
     p.add_argument("--algorithm", default="NGRAM", help="--speculative-algorithm")
     p.add_argument("--draft-tokens", type=int, default=8, help="--speculative-num-draft-tokens")
     a = p.parse_args()
@@ -259,7 +260,8 @@ def main() -> None:
     names = tuple(a.workloads.split(","))
     template = Template.load(model)
     chats = max(max(b, -(-n // a.turns)) for b, n in sizes.items())
-    wls = build(model, template, max(sizes.values()), chats, a.turns, MAX_NEW, names)
+    max_new = {w: a.max_new or n for w, n in MAX_NEW.items()}
+    wls = build(model, template, max(sizes.values()), chats, a.turns, max_new, names)
     per_seq = max(w.longest_prompt(template) + w.max_new for w in wls.values()) + a.draft_tokens + 2 * PAGE
     pool = max(sizes) * per_seq
     refused = spec_refused(model, spec)
@@ -292,7 +294,7 @@ def main() -> None:
     key = model.name + ("-quick" if a.quick else "")
     save_model_result("speculative", key, {
         "model_path": str(model), "host": host(), "spec_args": spec, "repeats": a.repeats, "requests": sizes,
-        "max_new_tokens": {w: MAX_NEW[w] for w in wls}, "about": {w: wl.about for w, wl in wls.items()},
+        "max_new_tokens": {w: max_new[w] for w in wls}, "about": {w: wl.about for w, wl in wls.items()},
         "pool_tokens": pool, "spec_error": refused, "verdict": v, "rows": rows, "runs": runs}, plot)
     if refused:
         sys.exit(f"speculative half did not run: {refused}")

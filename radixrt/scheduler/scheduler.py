@@ -120,7 +120,7 @@ class Scheduler:
                              self.spot, self.figures)
         self.outputs = StepOutputs(self.stop, self.spot, not args.disable_jump_forward)
         self.tier_move_seconds = 0.0
-        self.spec = Speculator(args.speculative, worker.page_size, worker.context_length)
+        self.spec = Speculator(args.speculative, worker.page_size, worker.context_length, worker.attention_per_position)
 
     @property
     def idle(self) -> bool:
@@ -242,7 +242,7 @@ class Scheduler:
             if victim in decoding:
                 decoding.remove(victim)
         spare = self.mem.available - sum(self.mem.pages_needed(r, 1) for r in decoding)
-        drafts = self.spec.plan(decoding, spare, 0)
+        drafts = self.spec.plan(decoding, spare)
         for r in decoding:
             entries.append(self._entry(r, 1, drafts.get(r)))
 
@@ -375,9 +375,8 @@ class Scheduler:
             tokens = sum(n for _, n in self.inflight)
             attended = sum(n * r.kv.kv_len + n * (n + 1) // 2 for r, n in self.inflight)
             self.tier_costs.observe_prefill(tokens, batch.forward_seconds, attended)
-        elif self.inflight:  # decodes only: the step's cost by its tokens, drafts included (speculation.py)
-            drafts = sum(r.spec.pending for r, _ in self.inflight if r.spec is not None)
-            self.spec.observe_step(len(self.inflight) + drafts, batch.forward_seconds)
+        elif self.inflight:  # decodes only: the step's cost by its work, drafts included (speculation.py)
+            self.spec.observe_step(self.inflight, batch.forward_seconds)
 
     # -- freeing ---------------------------------------------------------------
 

@@ -28,12 +28,7 @@ from dataclasses import dataclass
 
 from radixrt.messages import KVMove, MoveKind, SpecVerdict
 from radixrt.scheduler.req import Req
-from radixrt.speculative.draft_length import (
-    EXPLORE_AFTER,
-    AcceptanceRate,
-    StepCost,
-    plan_drafts,
-)
+from radixrt.speculative.draft_length import EXPLORE_AFTER, AcceptanceRate, StepCost, plan_drafts, token_work
 from radixrt.speculative.ngram_index import NgramIndex, SequenceLookup
 from radixrt.speculative.request_spec import RequestSpec
 from radixrt.speculative.settings import SpecSettings
@@ -71,8 +66,10 @@ def unspeculated_reason(r: Req) -> str | None:
 
 
 class Speculator:
-    def __init__(self, settings: SpecSettings, page_size: int, context_length: int) -> None:
+    def __init__(self, settings: SpecSettings, page_size: int, context_length: int,
+                 attention_per_position: float = 0.0) -> None:
         self.settings, self.page_size, self.context_length = settings, page_size, context_length
+        self.attention_per_position = attention_per_position  # a token's work: token_work()
         self.enabled = settings.enabled
         self.ngram = settings.algorithm == "NGRAM"
         self.index = (NgramIndex(settings.min_window, settings.max_window, settings.branch_length, settings.capacity,
@@ -116,15 +113,19 @@ class Speculator:
 
     # -- planning a step ----------------------------------------------------------------------
 
-    def plan(self, decoding: list[Req], spare_pages: int, fixed_tokens: int) -> dict[Req, Draft]:
+    def plan(self, decoding: list[Req], spare_pages: int) -> dict[Req, Draft]:
         """Drafts for this step's decoding requests, within spare_pages more pages than their
-        plain decode steps take; fixed_tokens: the step's other tokens (prefill chunks)."""
+        plain decode steps take."""
         if not self.enabled or not decoding:
             return {}
         live = [r for r in decoding if r.spec is not None and self._may_speculate(r)]
         caps = [self._cap(r) for r in live]
-        accept = [r.spec.record.smoothed(self.server) for r in live]
-        lengths = caps if self.settings.policy == "max" else plan_drafts(self.cost, accept, caps, fixed_tokens)
+        lengths = caps
+        if self.settings.policy == "adaptive":
+            accept = [r.spec.record.smoothed(self.server) for r in live]
+            work = [token_work(r.kv_len, self.attention_per_position) for r in live]
+            fixed = sum(token_work(r.kv_len, self.attention_per_position) for r in decoding)
+            lengths = plan_drafts(self.cost, accept, caps, work, fixed)
         drafts: dict[Req, Draft] = {}
         for r, k, cap in zip(live, lengths, caps):
             if k == 0 and cap > 0 and r.spec.idle >= EXPLORE_AFTER:
@@ -211,10 +212,16 @@ class Speculator:
             self.verify_steps += 1
             self.decode_tokens += len(tokens)
 
-    def observe_step(self, tokens: int, seconds: float) -> None:
-        """A decode-only step ran `tokens` tokens (drafts included) in `seconds`."""
+    def observe_step(self, steps: list[tuple[Req, int]], seconds: float) -> None:
+        """A decode-only step of these (request, tokens run) ran in `seconds`: its work, drafts included."""
         if self.enabled:
-            self.cost.observe(tokens, seconds)
+            a = self.attention_per_position
+            work = 0.0
+            for r, n in steps:
+                rows = n + (r.spec.pending if r.spec is not None else 0)
+                # before the batch is applied: kv_len is where its rows start; row j attends kv_len + j + 1
+                work += rows * token_work(r.kv_len, a) + a * rows * (rows + 1) / 2
+            self.cost.observe(work, seconds)
 
     def stats(self) -> dict[str, object]:
         c0, c1 = self.cost.coefficients() if self.cost.known else (0.0, 0.0)

@@ -1,13 +1,16 @@
 """How many drafts each decoding request verifies in a step, from measured cost and acceptance.
 
-A step's time is close to linear in the tokens it runs: t(T) = c0 + c1 * T, where c0 is
-reading the weights once and c1 each token's compute (StepCost fits both from the decode
-steps the scheduler has timed, decayed so that it follows the machine). A request whose
-drafts are each accepted with probability a, given the ones before it (a geometric chain),
-gains a^j expected tokens from its j-th draft, and each draft costs c1. Adding a draft
-raises the step's throughput (tokens out per second) iff its gain exceeds c1 * out / t for
-the step as planned so far. Drafts are added greedily, the largest gain first; gains fall
-with j, so the greedy plan is the best one for this model.
+A step's time is close to linear in the work it runs: t = c0 + c1 * W, where c0 is reading
+the weights once and c1 a unit of per-token work. A token attending p positions is
+1 + a * p units, a being the model's attention FLOPs per position over its other per-token
+FLOPs (worker/tier_probe.attention_per_position), so a draft of a request deep into a long
+context costs more than one near the start. StepCost fits c0 and c1 from the decode steps the
+scheduler has timed, decayed so that it follows the machine. A request whose drafts are each
+accepted with probability a_r, given the ones before it (a geometric chain), gains a_r^j
+expected tokens from its j-th draft, which costs c1 * w_r. Adding a draft raises the step's
+throughput (tokens out per second) iff gain * t > c1 * w_r * out for the step as planned so
+far. Drafts are added greedily, the best gain per cost first; gains fall with j, so the
+greedy plan is the best one for this model.
 
 At batch 1 the step is weight-bound (c1 small against c0): drafts with modest acceptance
 pay. At a large batch the step is compute-bound (c1 * out / t near 1): only drafts almost
@@ -88,26 +91,32 @@ class AcceptanceRate:
         return (self.accepted + ACCEPT_PSEUDO * prior) / (self.proposed + ACCEPT_PSEUDO)
 
 
-def plan_drafts(cost: StepCost, accept: list[float], caps: list[int], fixed_tokens: int = 0) -> list[int]:
+def token_work(positions: int, attention_per_position: float) -> float:
+    """The work units of one token that attends `positions` positions."""
+    return 1.0 + attention_per_position * positions
+
+
+def plan_drafts(cost: StepCost, accept: list[float], caps: list[int], work: list[float],
+                fixed_work: float = 0.0) -> list[int]:
     """Drafts per request for one step: accept[i] is request i's acceptance, caps[i] the most it may
-    verify (context, length, pages); fixed_tokens other tokens the step runs (prefill chunks).
-    Unmeasured cost: no drafts but the caps' exploration (the caller's)."""
+    verify (context, length, pages), work[i] what one of its tokens costs (token_work);
+    fixed_work: the step's plain tokens' work (its decodes and prefill chunks).
+    Unmeasured cost: no drafts (the caller explores)."""
     n = len(accept)
     plan = [0] * n
     if not cost.known or n == 0:
         return plan
     c0, c1 = cost.coefficients()
-    out, t = float(n), c0 + c1 * (n + fixed_tokens)
-    # (-gain of request i's next draft, i): its first draft gains accept[i]
-    heap = [(-a, i) for i, a in enumerate(accept) if caps[i] > 0 and a > 0]
+    out, t = float(n), c0 + c1 * fixed_work
+    # (-gain per unit of work of request i's next draft, gain, i): its first draft gains accept[i]
+    heap = [(-a / work[i], a, i) for i, a in enumerate(accept) if caps[i] > 0 and a > 0]
     heapq.heapify(heap)
     while heap:
-        neg_gain, i = heapq.heappop(heap)
-        gain = -neg_gain
-        if gain * t <= c1 * out:
-            break  # the best remaining draft does not pay, and none after it does
+        _, gain, i = heapq.heappop(heap)
+        if gain * t <= c1 * work[i] * out:
+            continue  # it does not pay; a cheaper request's draft still may
         plan[i] += 1
-        out, t = out + gain, t + c1
+        out, t = out + gain, t + c1 * work[i]
         if plan[i] < caps[i]:
-            heapq.heappush(heap, (-gain * accept[i], i))
+            heapq.heappush(heap, (-gain * accept[i] / work[i], gain * accept[i], i))
     return plan
