@@ -108,8 +108,10 @@ class SchedulerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     spec_ngram_index_entries: int
     spec_ngram_index_bytes: int
     spec_stale_draft_pages: int  # STANDALONE: device pages without their draft KV
-    spec_step_seconds_fixed: float  # the cost model's fit: a decode step's seconds = fixed + per_token * tokens
-    spec_step_seconds_per_token: float
+    spec_step_seconds_fixed: float  # the cost model's fit: a decode step's seconds = fixed + per_token * plain work
+    # + per_draft * drafted work (speculative/draft_length.py)
+    spec_step_seconds_per_token: float  # a plain token's unit of work (1 + attention_per_position * positions)
+    spec_step_seconds_per_draft: float  # a draft's
     # quality spot checks
     quality_spot_checks: int
     quality_spot_check_tokens: int

@@ -216,15 +216,16 @@ class Speculator:
         """A decode-only step of these (request, tokens run) ran in `seconds`: its work, drafts included."""
         if self.enabled:
             a = self.attention_per_position
-            work = 0.0
+            plain = drafted = 0.0
             for r, n in steps:
-                rows = n + (r.spec.pending if r.spec is not None else 0)
-                # before the batch is applied: kv_len is where its rows start; row j attends kv_len + j + 1
-                work += rows * token_work(r.kv_len, a) + a * rows * (rows + 1) / 2
-            self.cost.observe(work, seconds)
+                # before the batch is applied, kv_len is where its rows start: row j attends kv_len + j + 1
+                plain += n * token_work(r.kv_len, a)
+                k = r.spec.pending if r.spec is not None else 0
+                drafted += k * token_work(r.kv_len + n, a) + a * k * (k + 1) / 2
+            self.cost.observe(plain, drafted, seconds)
 
     def stats(self) -> dict[str, object]:
-        c0, c1 = self.cost.coefficients() if self.cost.known else (0.0, 0.0)
+        c0, c1, c2 = self.cost.coefficients() if self.cost.known else (0.0, 0.0, 0.0)
         return {
             "spec_accept_length": self.decode_tokens / self.verify_steps if self.verify_steps else 0.0,
             "spec_accept_rate": self.server.rate,
@@ -239,4 +240,5 @@ class Speculator:
             "spec_stale_draft_pages": len(self.stale),
             "spec_step_seconds_fixed": c0,
             "spec_step_seconds_per_token": c1,
+            "spec_step_seconds_per_draft": c2,
         }

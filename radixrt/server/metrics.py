@@ -157,7 +157,7 @@ INFO_ONLY = frozenset({
     "num_pages", "free_pages", "evictable_pages", "page_size", "forward_steps", "prompt_tokens",
     "cached_prompt_tokens", "jump_forward_tokens", "weight_updates", "weight_update_pending", "held_for_weight_update",
     "kv_pool_bytes", "page_table_bytes", "weight_bytes", "cost_attention_per_position", "cost_prefill_steps",
-    "spec_step_seconds_fixed", "spec_step_seconds_per_token",
+    "spec_step_seconds_fixed", "spec_step_seconds_per_token", "spec_step_seconds_per_draft",
 })
 
 

@@ -1,14 +1,15 @@
 """How many drafts each decoding request verifies in a step, from measured cost and acceptance.
 
-A step's time is close to linear in the work it runs: t = c0 + c1 * W, where c0 is reading
-the weights once and c1 a unit of per-token work. A token attending p positions is
+A step's time is close to linear in the work it runs: t = c0 + c1 * W + c2 * D, where c0 is
+reading the weights once, c1 a unit of a plain token's work and c2 one of a draft's (W and D:
+the work of the step's plain tokens and of its drafts). A token attending p positions is
 1 + a * p units, a being the model's attention FLOPs per position over its other per-token
 FLOPs (worker/tier_probe.attention_per_position), so a draft of a request deep into a long
-context costs more than one near the start. StepCost fits c0 and c1 from the decode steps the
-scheduler has timed, decayed so that it follows the machine. A request whose drafts are each
+context costs more than one near the start. StepCost fits c0, c1 and c2 from the decode steps
+the scheduler has timed, decayed so that it follows the machine. A request whose drafts are each
 accepted with probability a_r, given the ones before it (a geometric chain), gains a_r^j
-expected tokens from its j-th draft, which costs c1 * w_r. Adding a draft raises the step's
-throughput (tokens out per second) iff gain * t > c1 * w_r * out for the step as planned so
+expected tokens from its j-th draft, which costs c2 * w_r. Adding a draft raises the step's
+throughput (tokens out per second) iff gain * t > c2 * w_r * out for the step as planned so
 far. Drafts are added greedily, the best gain per cost first; gains fall with j, so the
 greedy plan is the best one for this model.
 
@@ -22,7 +23,7 @@ server's (AcceptanceRate).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DECAY = 0.97  # per observed step: the fit follows about the last 30 steps
 PRIOR_SLOPE = 0.02  # c1 / c0 before any measurement: a token costs 2% of a one-token step
@@ -35,39 +36,40 @@ EXPLORE_AFTER = 16  # a request given no draft this many steps in a row gets one
 
 @dataclass
 class StepCost:
-    """Least-squares fit of seconds = c0 + c1 * tokens over decayed observations. The slope is
+    """Least-squares fit of seconds = c0 + c1 * plain + c2 * drafted over decayed observations:
+    plain is the work of the step's plain tokens, drafted that of its drafts, whose unit cost
+    is fitted apart (a draft row may cost more than a decode row: it leaves the decode kernels'
+    fast paths, and its sampling and acceptance run beside the plain sampling). Both slopes are
     pulled toward a prior (PRIOR_SLOPE * the mean step) with the weight of PRIOR_WEIGHT steps
-    spread PRIOR_SPREAD tokens either side, so that steps which all ran as many tokens (no
-    drafts yet) do not leave it undefined, and steps that differ soon outweigh it."""
+    spread PRIOR_SPREAD units either side, so that steps which all ran as much (no drafts yet)
+    do not leave them undefined, and steps that differ soon outweigh it."""
 
-    w: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
+    # decayed sums of 1, x1, x2, y and their products (x1: plain work, x2: drafted work, y: seconds)
+    s: list[float] = field(default_factory=lambda: [0.0] * 9)
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, plain: float, drafted: float, seconds: float) -> None:
         if seconds <= 0:
             return
-        self.w, self.sx, self.sy = self.w * DECAY + 1, self.sx * DECAY + tokens, self.sy * DECAY + seconds
-        self.sxx, self.sxy = self.sxx * DECAY + tokens * tokens, self.sxy * DECAY + tokens * seconds
+        terms = (1.0, plain, drafted, seconds, plain * plain, plain * drafted, drafted * drafted, plain * seconds,
+                 drafted * seconds)
+        self.s = [v * DECAY + t for v, t in zip(self.s, terms)]
 
     @property
     def known(self) -> bool:
-        return self.w > 0
+        return self.s[0] > 0
 
-    def coefficients(self) -> tuple[float, float]:
-        """(c0, c1), both >= 0 (c1 > 0: drafts are never free)."""
-        mx, my = self.sx / self.w, self.sy / self.w
-        spread = max(self.sxx - self.w * mx * mx, 0.0)  # the observations' weighted squared deviations
-        prior = PRIOR_WEIGHT * PRIOR_SPREAD**2
-        c1 = (self.sxy - self.w * mx * my + prior * PRIOR_SLOPE * my) / (spread + prior)
-        c1 = max(c1, 1e-3 * my)
-        return max(my - c1 * mx, 0.0), c1
-
-    def seconds(self, tokens: int) -> float:
-        c0, c1 = self.coefficients()
-        return c0 + c1 * tokens
+    def coefficients(self) -> tuple[float, float, float]:
+        """(c0, c1, c2), all >= 0 (c1, c2 > 0: no token is free)."""
+        w, sx1, sx2, sy, s11, s12, s22, s1y, s2y = self.s
+        m1, m2, my = sx1 / w, sx2 / w, sy / w
+        prior, slope = PRIOR_WEIGHT * PRIOR_SPREAD**2, PRIOR_SLOPE * my
+        # the centered normal equations with the prior on both slopes: [[a, b], [b, d]] @ (c1, c2) = (e, f)
+        a, b, d = s11 - w * m1 * m1 + prior, s12 - w * m1 * m2, s22 - w * m2 * m2 + prior
+        e, f = s1y - w * m1 * my + prior * slope, s2y - w * m2 * my + prior * slope
+        det = a * d - b * b
+        c1, c2 = (e * d - b * f) / det, (a * f - b * e) / det
+        c1, c2 = max(c1, 1e-3 * my), max(c2, 1e-3 * my)
+        return max(my - c1 * m1 - c2 * m2, 0.0), c1, c2
 
 
 @dataclass
@@ -106,17 +108,17 @@ def plan_drafts(cost: StepCost, accept: list[float], caps: list[int], work: list
     plan = [0] * n
     if not cost.known or n == 0:
         return plan
-    c0, c1 = cost.coefficients()
+    c0, c1, c2 = cost.coefficients()
     out, t = float(n), c0 + c1 * fixed_work
     # (-gain per unit of work of request i's next draft, gain, i): its first draft gains accept[i]
     heap = [(-a / work[i], a, i) for i, a in enumerate(accept) if caps[i] > 0 and a > 0]
     heapq.heapify(heap)
     while heap:
         _, gain, i = heapq.heappop(heap)
-        if gain * t <= c1 * work[i] * out:
+        if gain * t <= c2 * work[i] * out:
             continue  # it does not pay; a cheaper request's draft still may
         plan[i] += 1
-        out, t = out + gain, t + c1 * work[i]
+        out, t = out + gain, t + c2 * work[i]
         if plan[i] < caps[i]:
             heapq.heappush(heap, (-gain * accept[i] / work[i], gain * accept[i], i))
     return plan

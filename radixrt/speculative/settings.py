@@ -84,7 +84,7 @@ def spec_settings(a: Any) -> SpecSettings:
     """The settings of ServerArgs `a`; ValueError naming the flag that cannot apply."""
     algo = a.speculative_algorithm
     if algo is None:
-        return SpecSettings()
+        return SpecSettings().with_policy(a.speculative_draft_policy)
     algo = algo.upper()
     if algo in REFUSED_ALGORITHMS:
         raise ValueError(f"speculative_algorithm {algo} is not supported: {REFUSED_ALGORITHMS[algo]}; "
