@@ -209,6 +209,7 @@ class Scheduler:
         Run it with scheduler/step.py, which makes the moves before the batch."""
         entries: list[BatchEntry] = []
         self.inflight = []
+        self.spec.step_started(time.perf_counter())
         self.mem.pins.expire(time.monotonic())
         self._take_compiled()
         while not entries and (self.waiting or self.running):

@@ -81,6 +81,8 @@ class Speculator:
         self.verify_steps = 0  # request decode steps on a speculating server
         self.drafted = 0  # of them, those that verified drafts
         self.decode_tokens = 0  # tokens those steps gained
+        self._observed: tuple[float, float, float] | None = None  # the last decode-only step's work and seconds
+        self._started: float | None = None  # when the last step began
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -213,7 +215,10 @@ class Speculator:
             self.decode_tokens += len(tokens)
 
     def observe_step(self, steps: list[tuple[Req, int]], seconds: float) -> None:
-        """A decode-only step of these (request, tokens run) ran in `seconds`: its work, drafts included."""
+        """A decode-only step of these (request, tokens run) ran in the worker for `seconds`: its
+        work, drafts included. It is fitted at the next step's start (step_started), with the
+        time the whole step took if longer: the scheduler's own work and the frontend's, on the
+        same cores, are part of what a draft costs."""
         if self.enabled:
             a = self.attention_per_position
             plain = drafted = 0.0
@@ -222,7 +227,14 @@ class Speculator:
                 plain += n * token_work(r.kv_len, a)
                 k = r.spec.pending if r.spec is not None else 0
                 drafted += k * token_work(r.kv_len + n, a) + a * k * (k + 1) / 2
-            self.cost.observe(plain, drafted, seconds)
+            self._observed = (plain, drafted, seconds)
+
+    def step_started(self, now: float) -> None:
+        """A step begins at `now` (perf_counter): the last one's observation is fitted."""
+        if self._observed is not None and self._started is not None:
+            plain, drafted, seconds = self._observed
+            self.cost.observe(plain, drafted, max(seconds, now - self._started))
+        self._observed, self._started = None, now
 
     def stats(self) -> dict[str, object]:
         c0, c1, c2 = self.cost.coefficients() if self.cost.known else (0.0, 0.0, 0.0)

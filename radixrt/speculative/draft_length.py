@@ -10,8 +10,8 @@ the scheduler has timed, decayed so that it follows the machine. A request whose
 accepted with probability a_r, given the ones before it (a geometric chain), gains a_r^j
 expected tokens from its j-th draft, which costs c2 * w_r. Adding a draft raises the step's
 throughput (tokens out per second) iff gain * t > c2 * w_r * out for the step as planned so
-far. Drafts are added greedily, the best gain per cost first; gains fall with j, so the
-greedy plan is the best one for this model.
+far; a draft is added only with DRAFT_MARGIN to spare. Drafts are added greedily, the best
+gain per cost first; gains fall with j, so the greedy plan is the best one for this model.
 
 At batch 1 the step is weight-bound (c1 small against c0): drafts with modest acceptance
 pay. At a large batch the step is compute-bound (c1 * out / t near 1): only drafts almost
@@ -31,6 +31,9 @@ PRIOR_WEIGHT = 1.0  # the prior slope's weight, in observed steps ...
 PRIOR_SPREAD = 1.0  # ... that many tokens either side of the mean
 PRIOR_ACCEPT = 0.5  # a request's acceptance before anything is verified
 ACCEPT_PSEUDO = 4.0  # drafts' worth of the server's rate in a request's estimate
+# a draft must promise this much more throughput than it costs: near break-even, what the model
+# leaves out (the frontend streaming more tokens per step, noise in the fit) decides, and loses
+DRAFT_MARGIN = 1.1
 EXPLORE_AFTER = 16  # a request given no draft this many steps in a row gets one, to measure again
 
 
@@ -115,7 +118,7 @@ def plan_drafts(cost: StepCost, accept: list[float], caps: list[int], work: list
     heapq.heapify(heap)
     while heap:
         _, gain, i = heapq.heappop(heap)
-        if gain * t <= c2 * work[i] * out:
+        if gain * t <= DRAFT_MARGIN * c2 * work[i] * out:
             continue  # it does not pay; a cheaper request's draft still may
         plan[i] += 1
         out, t = out + gain, t + c2 * work[i]
