@@ -24,15 +24,18 @@ the accepted tokens one by one through the stop checks.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from radixrt.messages import KVMove, MoveKind, SpecVerdict
+from radixrt.namespace import CacheNamespace
 from radixrt.scheduler.req import Req
 from radixrt.speculative.draft_length import EXPLORE_AFTER, AcceptanceRate, StepCost, plan_drafts, token_work
 from radixrt.speculative.ngram_index import NgramIndex, SequenceLookup
 from radixrt.speculative.request_spec import RequestSpec
 from radixrt.speculative.settings import SpecSettings
 
+INDEX_TOKENS_PER_STEP = 2048  # ~4 ms of indexing per step at most (and one sequence at least)
 UNSPECULATED = ("grammar", "logprobs", "penalties", "retention", "spot_check", "draft_kv")
 
 
@@ -81,6 +84,7 @@ class Speculator:
         self.verify_steps = 0  # request decode steps on a speculating server
         self.drafted = 0  # of them, those that verified drafts
         self.decode_tokens = 0  # tokens those steps gained
+        self._queued: deque[tuple[CacheNamespace, list[int]]] = deque()  # text for the index, oldest first
         self._observed: tuple[float, float, float] | None = None  # the last decode-only step's work and seconds
         self._started: float | None = None  # when the last step began
 
@@ -98,19 +102,29 @@ class Speculator:
             elif self.ngram:
                 # its prompt goes to the namespace's index, where the request finds it too; its own
                 # lookup holds what follows (its output), so it stays as small as that
-                self.index.add(r.namespace, r.prompt_ids)
+                self._queued.append((r.namespace, r.prompt_ids))
                 r.spec.lookup = SequenceLookup(self.settings.min_window, self.settings.max_window)
                 r.spec.lookup.extend(r.prompt_ids[-self.settings.max_window :])
 
     def release(self, r: Req) -> None:
         """r leaves the running batch: the text it cached joins its namespace's index."""
         if self.ngram and r.kv_len > 0:
-            self.index.add(r.namespace, r.tokens(0, r.kv_len))
+            self._queued.append((r.namespace, r.tokens(0, r.kv_len)))
+
+    def _index_queued(self) -> None:
+        """Index the queued text, about INDEX_TOKENS_PER_STEP tokens of it (one sequence at least):
+        indexing costs ~2 us a token, and a burst of admissions must not hold back their prefill."""
+        budget = INDEX_TOKENS_PER_STEP
+        while self._queued and budget > 0:
+            namespace, tokens = self._queued.popleft()
+            self.index.add(namespace, tokens)
+            budget -= len(tokens)
 
     def flush(self) -> None:
         """The prefix cache emptied: forget its text, and every page is free (no stale draft KV)."""
         if self.index is not None:
             self.index.clear()
+            self._queued.clear()
         self.stale.clear()
 
     # -- planning a step ----------------------------------------------------------------------
@@ -120,6 +134,8 @@ class Speculator:
         plain decode steps take."""
         if not self.enabled or not decoding:
             return {}
+        if self._queued:
+            self._index_queued()
         live = [r for r in decoding if r.spec is not None and self._may_speculate(r)]
         caps = [self._cap(r) for r in live]
         lengths = caps
