@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from radixrt.speculative.draft_length import AcceptanceRate, StepCost, plan_drafts, token_work
+from radixrt.speculative.draft_length import (
+    AcceptanceRate,
+    StepCost,
+    plan_drafts,
+    token_work,
+)
 
 pytestmark = pytest.mark.unit
 

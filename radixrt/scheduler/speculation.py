@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from radixrt.messages import KVMove, MoveKind, SpecVerdict
 from radixrt.namespace import CacheNamespace
 from radixrt.scheduler.req import Req
-from radixrt.speculative.draft_length import EXPLORE_AFTER, AcceptanceRate, StepCost, plan_drafts, token_work
+from radixrt.speculative.draft_length import (
+    EXPLORE_AFTER,
+    AcceptanceRate,
+    StepCost,
+    plan_drafts,
+    token_work,
+)
 from radixrt.speculative.ngram_index import NgramIndex, SequenceLookup
 from radixrt.speculative.request_spec import RequestSpec
 from radixrt.speculative.settings import SpecSettings
