@@ -25,6 +25,7 @@ bench/results/speculative.json (with the host's CPU and flags); plots in specula
 
     .venv/bin/python bench/speculative.py                      # smollm2, 3 repeats
     .venv/bin/python bench/speculative.py --quick --model-path ~/.cache/radixrt-peers/models/tiny
+    .venv/bin/python bench/speculative.py --breadth 1,10       # NGRAM draft trees (SGLang's default breadth)
 """
 
 from __future__ import annotations
@@ -246,6 +247,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-new", type=int, default=0, help="new tokens per request in every workload (0: each its own)")
     p.add_argument("--algorithm", default="NGRAM", help="--speculative-algorithm")
     p.add_argument("--draft-tokens", type=int, default=8, help="--speculative-num-draft-tokens")
+    p.add_argument("--breadth", default="1,1", help="NGRAM draft trees: --speculative-ngram-min/max-bfs-breadth, MIN,MAX "
+                   "(1,1: chains; results then go under the model's name + -tree<MIN>-<MAX>)")
+    p.add_argument("--match-type", default="BFS", help="--speculative-ngram-match-type (trees: BFS or PROB)")
     a = p.parse_args()
     if a.quick:
         a.repeats = 1
@@ -256,6 +260,11 @@ def main() -> None:
     a = parse_args()
     model = a.model_path.expanduser()
     spec = {"speculative_algorithm": a.algorithm, "speculative_num_draft_tokens": a.draft_tokens}
+    low, high = map(int, a.breadth.split(","))
+    tree = f"-tree{low}-{high}{'' if a.match_type == 'BFS' else '-' + a.match_type}" if high > 1 else ""
+    if tree:
+        spec |= {"speculative_ngram_min_bfs_breadth": low, "speculative_ngram_max_bfs_breadth": high,
+                 "speculative_ngram_match_type": a.match_type}
     sizes = {b: max(b, 4) if a.quick else max(a.waves * b, 8) for b in map(int, a.batches.split(","))}
     names = tuple(a.workloads.split(","))
     template = Template.load(model)
@@ -291,7 +300,7 @@ def main() -> None:
     print_table(rows)
     v = verdict(rows, refused)
     print("\n" + v["line"])
-    key = model.name + ("-quick" if a.quick else "")
+    key = model.name + tree + ("-quick" if a.quick else "")
     save_model_result("speculative", key, {
         "model_path": str(model), "host": host(), "spec_args": spec, "repeats": a.repeats, "requests": sizes,
         "max_new_tokens": {w: max_new[w] for w in wls}, "about": {w: wl.about for w, wl in wls.items()},

@@ -11,6 +11,10 @@ through the radix cache) form cascade groups: the shared prefix read once for al
 tail on its own; through the kernel every group goes in two calls per layer
 (NativeCascades). A decode whose window does not cover its whole sequence never joins one.
 A request whose attention mass the step sums (heavy-hitter retention) gets a MassPlan.
+A request verifying a draft tree (AttentionMetadata.trees) attends with its tree mask: through
+the kernel, where no window cuts it, as a TreePlan (each query row reads the cached prefix as
+a decode, and its ancestors among the new rows under the mask, merged by log-sum-exp);
+otherwise as a prefill chunk whose explicit mask holds the tree.
 
 Tensors here are indices and masks (int64 page ids and cache slots, bool or float32 masks),
 on the pool's device.
@@ -19,7 +23,7 @@ on the pool's device.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -50,6 +54,17 @@ class DecodePlan:
     rows: torch.Tensor | None  # [n] int64 token rows of the requests' queries, request by request; None: all, in order
     run: KVRun  # their whole KV (or its window)
     q_starts: torch.Tensor | None = None  # [B + 1] int64 where each request's queries start in rows; None: one each
+
+
+@dataclass
+class TreePlan:
+    """A request verifying a draft tree, through the compiled kernel (no window cuts it)."""
+
+    start: int  # first token row of this request
+    end: int
+    prefix: KVRun  # one pseudo-request per query row: the request's cached prefix
+    slots: torch.Tensor  # [q_len] int64 cache slots of the new rows (written before the attention)
+    bias: torch.Tensor  # [q_len, q_len] float32: 0 where a row sees a new row (the tree mask), -inf elsewhere
 
 
 @dataclass
@@ -111,6 +126,7 @@ class StepPlan:
     decodes: list[DecodePlan]
     prefills: list[PrefillPlan]
     native_cascades: NativeCascades | None = None  # the compiled kernel: every group at once
+    trees: list[TreePlan] = field(default_factory=list)  # the compiled kernel: draft trees
 
     def cascade_groups(self) -> list[list[int]]:
         """The token rows of each cascade group's members, whichever path reads them."""
@@ -208,17 +224,21 @@ class StepPlanner:
         groups = shared_prefix_groups(meta.page_table, whole, meta.kv_lens, meta.page_size)
         in_groups = {i for members, _ in groups for i in members}
         decode = [i for i in decode if i not in in_groups]
-        chunks = [i for i, n in enumerate(meta.qo_lens) if n > 1]
+        chunks = [i for i, n in enumerate(meta.qo_lens) if n > 1 and i not in meta.trees]
+        # a tree through the kernel needs a prefix to read (a decode of none is no call) and no window
+        native_trees = [i for i in meta.trees if self.native and window is None and meta.kv_lens[i] > meta.qo_lens[i]]
+        masked = [self._plan_tree_prefill(meta, i, starts, window, device) for i in meta.trees if i not in native_trees]
         if self.native:  # one call: the kernel reads each request's own length, chunks causally
             rest = decode + chunks
             decodes = [self._plan_decode(meta, rest, starts, window, device)] if rest else []
-            return StepPlan([], decodes, [], self._plan_native_cascades(meta, groups, starts) if groups else None)
+            return StepPlan([], decodes, masked, self._plan_native_cascades(meta, groups, starts) if groups else None,
+                            [self._plan_tree(meta, i, starts) for i in native_trees])
         cascades = [self._plan_cascade(meta, members, shared, starts, device) for members, shared in groups]
         # The torch path pads, so it groups decodes by what they read; each chunk attends on its own.
         reads = meta.kv_lens if window is None else [min(n, window) for n in meta.kv_lens]
         decodes = [self._plan_decode(meta, g, starts, window, device) for g in decode_groups(reads, decode)]
         prefills = [self._plan_prefill(meta, i, starts, window, device) for i in chunks]
-        return StepPlan(cascades, decodes, prefills)
+        return StepPlan(cascades, decodes, prefills + masked)
 
     def _plan_run(
         self, meta: AttentionMetadata, reqs: list[int], first_page: int | list[int], lens: list[int], window: int | None
@@ -309,3 +329,23 @@ class StepPlanner:
         q_pos = prefix + torch.arange(q_len, device=device)  # [q_len]
         mask = visible(q_pos, kv_pos, window if cut else None)  # bottom-right causal, cut to the window
         return PrefillPlan(*rows, slots, mask)
+
+    def _plan_tree(self, meta: AttentionMetadata, i: int, starts: list[int]) -> TreePlan:
+        q_len, kv_len = meta.qo_lens[i], meta.kv_lens[i]
+        prefix = kv_len - q_len
+        run = self._plan_run(meta, [i], 0, [prefix], None)
+        rows = KVRun(run.pages.expand(q_len, -1).contiguous(), run.lens.expand(q_len).contiguous())
+        slots = meta.out_slots[starts[i] : starts[i] + q_len]
+        return TreePlan(starts[i], starts[i] + q_len, rows, slots, additive_mask(meta.trees[i]))
+
+    def _plan_tree_prefill(self, meta: AttentionMetadata, i: int, starts: list[int], window: int | None, device) -> PrefillPlan:
+        """A draft tree as a prefill chunk with an explicit mask: the cached prefix (cut to each row's
+        window), and the new rows its tree mask names."""
+        tree, q_len, kv_len = meta.trees[i], meta.qo_lens[i], meta.kv_lens[i]
+        prefix = kv_len - q_len
+        q_pos = prefix + tree.sum(1) - 1  # [q_len] a draft's position: the root's plus its depth
+        kv_begin = max(0, prefix - window + 1) if window is not None else 0  # before the first row's window
+        old = torch.arange(kv_begin, prefix, device=device)
+        slots = request_slots(meta.page_table[i], torch.arange(kv_begin, kv_len, device=device), meta.page_size)
+        mask = torch.cat([visible(q_pos, old, window), tree & visible(q_pos, q_pos, window)], 1)
+        return PrefillPlan(starts[i], starts[i] + q_len, slots, mask)

@@ -6,7 +6,8 @@ new, where their KV goes, each request's page table row) and calls
 writes the new K/V into the paged cache and attends each new token over its
 request's cached prefix plus the new tokens up to itself (causal, aligned to
 the *end* of the sequence: new token i of a request with kv_len L sits at
-position L - qo_len + i).
+position L - qo_len + i), or, for a request verifying a draft tree, over its
+prefix plus the new tokens its tree mask names (AttentionMetadata.trees).
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ class AttentionMetadata:
     page_size: int
     # requests (indices into this batch) whose per-page attention mass take_page_mass reports
     mass_reqs: list[int] = field(default_factory=list)
+    # requests verifying a draft tree: [qo_len, qo_len] bool, new row r sees new row c iff mask[r, c]
+    # (every row sees the whole cached prefix). A row's position is the prefix length plus its row
+    # count minus one (a draft's: the root's plus its depth). The others: causal, as above.
+    trees: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_reqs(self) -> int:

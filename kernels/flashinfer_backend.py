@@ -27,7 +27,8 @@ window/soft-cap variant and a wrapper holds one plan, so there is one wrapper
 (prefill and decode) per distinct LayerAttention, a "kind" (usually one; two
 for Gemma's sliding and full layers, as SGLang does), all planned each step
 from the same page table (the window narrows what is read, not the pages
-listed), all sharing one float workspace (layers run one after another on one
+listed); a step with draft trees plans the prefill wrappers with a custom mask
+(`tree_masks`), all sharing one float workspace (layers run one after another on one
 stream); each layer runs its kind's wrapper.
 
 For CUDA graphs (radixrt/worker/cuda_graph.py), `graph_decode_wrappers` makes
@@ -94,6 +95,22 @@ def paged_kv(meta: AttentionMetadata) -> PagedKV:
     return PagedKV(indptr, meta.page_table[req, col].to(torch.int32), last_page_len)
 
 
+def tree_masks(meta: AttentionMetadata) -> torch.Tensor:
+    """The step's masks as one flat bool tensor (FlashInfer's custom_mask): per request, row-major
+    [qo_len, kv_len], its draft tree's (AttentionMetadata.trees) or bottom-right causal.
+
+    NOTE: FlashInfer applies a layer's window to the row's index, not to a draft's depth, so the
+    worker refuses trees on a model with windowed layers (worker/draft_trees.py)."""
+    parts = []
+    for i, (q_len, kv_len) in enumerate(zip(meta.qo_lens, meta.kv_lens)):
+        new = meta.trees.get(i)
+        if new is None:
+            new = torch.ones(q_len, q_len, dtype=torch.bool, device=meta.page_table.device).tril_()
+        old = torch.ones(q_len, kv_len - q_len, dtype=torch.bool, device=new.device)
+        parts.append(torch.cat([old, new], 1).flatten())
+    return torch.cat(parts)
+
+
 def plan_options(la: LayerAttention) -> dict[str, Any]:
     """A kind's plan() keywords: its scale, window (FlashInfer's window_left = window - 1; -1: none) and cap (0: none)."""
     return dict(
@@ -158,9 +175,10 @@ class FlashInferBackend(AttentionBackend):
                        **dtypes, **plan_options(kind))
         else:
             qo_indptr = host_int32([0, *itertools.accumulate(meta.qo_lens)], kv.indices.device)  # [B + 1]
+            masks = dict(custom_mask=tree_masks(meta), causal=False) if meta.trees else dict(causal=True)
             for kind, w in zip(self.kinds, wrappers):
                 w.plan(qo_indptr, kv.indptr, kv.indices, kv.last_page_len, self.num_heads, self.kv_heads, self.head_dim,
-                       ps, causal=True, **dtypes, **plan_options(kind))
+                       ps, **masks, **dtypes, **plan_options(kind))
         self._layer_wrappers = [wrappers[i] for i in self._kind_of]
 
     def graph_decode_wrappers(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, last_page_len: torch.Tensor) -> list[Any]:

@@ -35,6 +35,12 @@ without window or cap runs exactly as before. The planning (which request goes
 which way, with what indices and masks) is attention_plan.py; this module runs
 the plans, layer by layer.
 
+Draft trees (speculative verification, AttentionMetadata.trees): through the kernel, each of
+a tree's rows reads the cached prefix as a decode of its own, and its ancestors among the new
+rows through explicit float32 scores under the tree mask (`rows_attention`); the two partial
+softmaxes merge by their log-sum-exps, as cascades do. Where a window cuts the tree, or on the
+torch path, the tree is a prefill chunk whose explicit mask holds it.
+
 Attention mass (heavy-hitter retention, take_page_mass): for each request in
 meta.mass_reqs, every layer's forward also reads the request's K back from the
 pool and recomputes its queries' probabilities (attention_mass.token_mass, an
@@ -57,7 +63,7 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.kernels.attention_mass import page_mass, token_mass
-from radixrt.kernels.attention_plan import CascadePlan, KVRun, NativeCascades, StepPlanner, additive_mask
+from radixrt.kernels.attention_plan import CascadePlan, KVRun, NativeCascades, StepPlanner, TreePlan, additive_mask
 from radixrt.kernels.backend import AttentionBackend, AttentionMetadata, LayerAttention
 from radixrt.kernels.decode_attention import attend, group_queries, merge
 from radixrt.kernels.kv_cache import PagedKVCache
@@ -77,18 +83,32 @@ def capped_prefill(
     (then T == n) -> [n, heads, D] in q's dtype. Query rows go in blocks that bound the
     scores to CAPPED_SCORES_PER_BLOCK floats.
     """
-    n, H, D = q.shape
-    kv_heads, T = k.shape[1], k.shape[0]
+    n, H = q.shape[:2]
+    T = k.shape[0]
     if mask is None:
         mask = torch.ones(n, T, dtype=torch.bool, device=q.device).tril_()
-    qh = q.float().transpose(0, 1).reshape(kv_heads, H // kv_heads, n, D)  # [kv_heads, group, n, D]
-    kh, vh = (x.float().transpose(0, 1)[:, None] for x in (k, v))  # [kv_heads, 1, T, D]
-    out = torch.empty_like(qh)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     block = max(1, CAPPED_SCORES_PER_BLOCK // (H * T))
     for b0 in range(0, n, block):
         rows = slice(b0, b0 + block)
-        out[:, :, rows] = attend(qh[:, :, rows], kh, vh, additive_mask(mask[rows]), la.scale, la.softcap)[0]
-    return out.reshape(H, n, D).transpose(0, 1).to(q.dtype)
+        out[rows] = rows_attention(q[rows], k, v, additive_mask(mask[rows]), la)[0]
+    return out.to(q.dtype)
+
+
+def rows_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, la: LayerAttention
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query rows of one request over one block of its K/V, through explicit float32 scores.
+
+    q: [n, heads, D]; k, v: [T, kv_heads, D]; bias: [n, T] float32 additive mask (every row
+    sees a key) -> out [n, heads, D], lse [n, heads], float32.
+    """
+    n, H, D = q.shape
+    kv_heads = k.shape[1]
+    qh = q.float().transpose(0, 1).reshape(kv_heads, H // kv_heads, n, D)  # [kv_heads, group, n, D]
+    kh, vh = (x.float().transpose(0, 1)[:, None] for x in (k, v))  # [kv_heads, 1, T, D]
+    out, lse = attend(qh, kh, vh, bias, la.scale, la.softcap)
+    return out.reshape(H, n, D).transpose(0, 1), lse.reshape(H, n).transpose(0, 1)
 
 
 class TorchBackend(AttentionBackend):
@@ -134,6 +154,8 @@ class TorchBackend(AttentionBackend):
                 out = self._attend_run(q, d.run, layer, la, d.q_starts)[0].to(q.dtype)
             else:
                 out[d.rows] = self._attend_run(q[d.rows], d.run, layer, la, d.q_starts)[0].to(q.dtype)
+        for t in plan.trees:
+            out[t.start : t.end] = self._tree(q[t.start : t.end], t, layer, la)
         for p in plan.prefills:
             # kp, vp: [kv_read, kv_heads, head_dim]
             kp, vp = (k[p.start : p.end], v[p.start : p.end]) if p.slots is None else self.cache.read(layer, p.slots)
@@ -175,6 +197,14 @@ class TorchBackend(AttentionBackend):
         op = op.view(C, kv_heads, nc.per, -1, D).transpose(1, 2).reshape(C * nc.per, H, D)[nc.gather]
         lse_p = lse_p.view(C, kv_heads, nc.per, -1).transpose(1, 2).reshape(C * nc.per, H)[nc.gather]
         ot, lse_t = self._attend_run(q, nc.tail, layer, la)  # [M, heads, D], [M, heads]
+        return merge(op, lse_p, ot, lse_t).to(q.dtype)
+
+    def _tree(self, q: torch.Tensor, t: TreePlan, layer: int, la: LayerAttention) -> torch.Tensor:
+        """q: [n, heads, D] a draft tree's rows -> [n, heads, D]: the cached prefix through the kernel
+        (a decode per row), the rows' ancestors under the tree mask, merged by their log-sum-exps."""
+        op, lse_p = self._attend_run(q, t.prefix, layer, la)
+        kt, vt = self.cache.read(layer, t.slots)  # [n, kv_heads, D]
+        ot, lse_t = rows_attention(q, kt, vt, t.bias, la)
         return merge(op, lse_p, ot, lse_t).to(q.dtype)
 
     def _attend_run(

@@ -236,11 +236,14 @@ class ServerArgs:
     )
     speculative_ngram_min_match_window_size: int = _arg(1, "NGRAM: the shortest suffix of the text matched")
     speculative_ngram_max_match_window_size: int = _arg(12, "NGRAM: the longest suffix of the text matched")
-    speculative_ngram_min_bfs_breadth: int = _arg(1, "SGLang's draft-tree breadth; only 1 (a chain) is accepted")
-    speculative_ngram_max_bfs_breadth: int = _arg(1, "SGLang's draft-tree breadth; only 1 (a chain) is accepted")
+    speculative_ngram_min_bfs_breadth: int = _arg(
+        1, "NGRAM, BFS: the draft tree's breadth at the longest match (each level narrows toward 1)")
+    speculative_ngram_max_bfs_breadth: int = _arg(
+        1, "NGRAM: the draft tree's breadth at the shortest match (BFS), or the continuations each node offers "
+        "(PROB); 1 drafts chains")
     speculative_ngram_match_type: str = _arg(
-        "BFS", "NGRAM: which continuation of a matched n-gram is drafted: BFS (the most recent) or PROB (the most "
-        "frequent, token by token)"
+        "BFS", "NGRAM: which continuations of a matched n-gram are drafted: BFS (the most recent first, breadth-first) "
+        "or PROB (the most probable branches, by frequency)"
     )
     speculative_ngram_branch_length: int = _arg(18, "NGRAM: tokens indexed after each n-gram")
     speculative_ngram_capacity: int = _arg(

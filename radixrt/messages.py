@@ -211,6 +211,9 @@ class BatchEntry(msgspec.Struct, array_like=True, kw_only=True):
     # samples at each of the last draft_len + 1 rows and keeps the longest run of drafts its samples agree with
     draft_len: int = 0
     propose: int = 0  # STANDALONE: the worker's draft model proposes up to this many drafts, then verifies them
+    # a draft tree: per draft, the index of its parent draft, or -1 for the last accepted token; drafts come in
+    # topological order. Empty: a chain (draft j's parent is draft j - 1)
+    draft_parents: list[int] = []
 
 
 class ForwardBatch(msgspec.Struct, tag=True):
@@ -297,11 +300,16 @@ class EntryLogprobs(msgspec.Struct, array_like=True):
 
 
 class SpecVerdict(msgspec.Struct, array_like=True):
-    """One entry's verified drafts: the request gains draft[:accepted], then the entry's next id (the
-    target's own token at the first disagreement, or after the last draft)."""
+    """One entry's verified drafts: the request gains kept() (a chain's draft[:accepted], a tree's branch
+    along path), then the entry's next id (the target's own token where no draft agreed, or after the last kept)."""
 
     draft: list[int]  # the drafts verified (the scheduler's, or the worker's draft model's)
     accepted: int
+    path: list[int] = []  # a tree's: the indices in draft of the drafts kept, root first; empty: a chain's first `accepted`
+
+    def kept(self) -> list[int]:
+        """The drafts the request gains, in order."""
+        return [self.draft[i] for i in self.path] if self.path else self.draft[: self.accepted]
 
 
 class EntryError(msgspec.Struct, array_like=True):

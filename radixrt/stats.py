@@ -103,6 +103,7 @@ class SchedulerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     spec_accepted_tokens: int
     spec_verify_steps: int  # request decode steps on a speculating server
     spec_drafted_steps: int  # of them, those that verified drafts
+    spec_tree_steps: int  # of those, the ones whose drafts branched (a tree, not a chain)
     spec_mean_draft_length: float  # drafts per drafted step: what the cost model chose
     spec_unspeculated_requests: dict[str, int]  # reason -> requests that ran unspeculated
     spec_ngram_index_entries: int

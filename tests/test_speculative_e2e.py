@@ -1,5 +1,6 @@
 """Speculative decoding through a real server: STANDALONE at tensor parallel 2 (the draft model
-sharded like the target, verification on both ranks) gives the greedy tokens of plain decoding,
+sharded like the target, verification on both ranks), and NGRAM draft trees there (the kept
+branches' KV moved on both ranks), give the greedy tokens of plain decoding,
 meta_info carries SGLang's spec_* fields, /metrics SGLang's spec gauges, get_server_info the
 figures, and no page leaks; flags that cannot apply refuse to start, by name."""
 
@@ -51,11 +52,20 @@ def test_standalone_at_tp2_matches_plain_decoding_and_reports_its_figures(tmp_pa
         info = server_info(url)
         assert info["spec_draft_tokens"] > 0 and info["spec_accept_length"] > 1
         assert_healthy_and_idle(url)
+    # NGRAM trees: rank 0 verifies, and both ranks move the kept branches' KV (Ranks.share)
+    trees = ("--speculative-algorithm", "NGRAM", "--speculative-ngram-min-bfs-breadth", "3",
+             "--speculative-ngram-max-bfs-breadth", "3", "--speculative-draft-policy", "max")
+    with running_server(WORLD, *COMMON, *trees) as (url, _):
+        assert [r["output_ids"] for r in generate(url, prompts + prompts)] == want + want
+        info = server_info(url)
+        assert info["spec_tree_steps"] > 0 and info["spec_accepted_tokens"] > 0, info
+        assert_healthy_and_idle(url)
 
 
 @pytest.mark.parametrize("flags, refusal", [
     ({"speculative_algorithm": "EAGLE"}, "EAGLE heads"),
-    ({"speculative_algorithm": "NGRAM", "speculative_ngram_max_bfs_breadth": 10}, "speculative_ngram_max_bfs_breadth"),
+    ({"speculative_algorithm": "NGRAM", "speculative_ngram_min_bfs_breadth": 3, "speculative_ngram_max_bfs_breadth": 2},
+     "speculative_ngram_min_bfs_breadth"),
     ({"speculative_algorithm": "NGRAM", "speculative_accept_threshold_single": 0.5}, "speculative_accept_threshold_single"),
     ({"speculative_algorithm": "STANDALONE"}, "speculative_draft_model_path"),
     ({"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "d", "speculative_eagle_topk": 4},

@@ -51,18 +51,46 @@ WORLD_TEXTS = ["Where does Mara Quill live?", "R1: A=12.5 B=80.3 C=44.1\nR2: A=9
                "The capital of Estmoor is"]
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_ngram_greedy_equals_plain_decoding(page_size):
-    """The world model's tables and lists repeat, so the request's own text drafts; chunked prefill of 8."""
+def spy_trees(monkeypatch) -> Counter:
+    """Counts the worker's draft trees ("trees") and kept branches whose KV moved ("moves")."""
+    from radixrt.worker import model_runner
+
+    seen: Counter = Counter()
+    masks, copies = model_runner.tree_masks, model_runner.branch_copies
+
+    def tree_masks(entries, device):
+        out = masks(entries, device)
+        seen["trees"] += len(out)
+        return out
+
+    def branch_copies(entries, paths):
+        out = copies(entries, paths)
+        seen["moves"] += len(out[0])
+        return out
+
+    monkeypatch.setattr(model_runner, "tree_masks", tree_masks)
+    monkeypatch.setattr(model_runner, "branch_copies", branch_copies)
+    return seen
+
+
+@pytest.mark.parametrize("page_size, match", [(1, "BFS"), (16, "PROB")])
+def test_ngram_greedy_equals_plain_decoding(page_size, match, monkeypatch):
+    """The world model's tables and lists repeat, so the request's own text drafts; chunked prefill
+    of 8. Chains, then trees, whose kept branches' KV must move to verify exactly."""
     tok = tokenizer(WORLD)
     prompts = [tok(t)["input_ids"] for t in WORLD_TEXTS]
     args = {"page_size": page_size, "chunked_prefill_size": 8}
     want, _ = generate(WORLD, prompts, [greedy(40)] * 3, **args)
-    got, s = generate(WORLD, prompts, [greedy(40)] * 3, speculative_algorithm="NGRAM", speculative_draft_policy="max",
-                      **args)
+    spec = {"speculative_algorithm": "NGRAM", "speculative_draft_policy": "max"}
+    got, s = generate(WORLD, prompts, [greedy(40)] * 3, **spec, **args)
     assert got == want
     st = s.stats()
     assert st.spec_draft_tokens > 0 and st.spec_accepted_tokens > 0
+    seen = spy_trees(monkeypatch)
+    got, s = generate(WORLD, prompts, [greedy(40)] * 3, **spec, **args, speculative_ngram_max_bfs_breadth=4,
+                      speculative_ngram_match_type=match)
+    assert got == want
+    assert seen["trees"] > 10 and seen["moves"] > 0, seen
 
 
 def test_standalone_with_a_first_layers_draft_equals_plain_decoding(tmp_path):
@@ -101,29 +129,47 @@ def sampled(n: int, seed: int | None = None) -> dict:
     return {"max_new_tokens": n, "temperature": 1.0, "ignore_eos": True, "seed": seed}
 
 
-def test_seeded_sampling_draws_the_same_tokens_with_speculation(tiny_vocab_model):
+@pytest.mark.parametrize("breadth", [1, 3])
+def test_seeded_sampling_draws_the_same_tokens_with_speculation(tiny_vocab_model, breadth, monkeypatch):
     """A seeded draw depends on (seed, output position) only, and each verify row draws as its
-    position would: drafts change which forward computes a token, never the token."""
+    position would (a tree's siblings alike): drafts change which forward computes a token, never the token."""
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2]] * 64
     sp = [sampled(12, seed) for seed in range(64)]
     want, _ = generate(tiny_vocab_model, prompts, sp)
-    got, s = generate(tiny_vocab_model, prompts, sp, speculative_algorithm="NGRAM", speculative_draft_policy="max")
+    seen = spy_trees(monkeypatch)
+    got, s = generate(tiny_vocab_model, prompts, sp, speculative_algorithm="NGRAM", speculative_draft_policy="max",
+                      speculative_ngram_min_bfs_breadth=breadth,
+                      speculative_ngram_max_bfs_breadth=breadth)
     assert got == want
     assert s.stats().spec_accepted_tokens > 0
+    assert (seen["trees"] > 0) == (breadth > 1), seen
 
 
-def test_unseeded_sampling_keeps_the_target_distribution(tiny_vocab_model):
+N_DRAWS = 2000
+REPEATS = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def plain_draws(tiny_vocab_model) -> list[list[int]]:
+    """4 tokens drawn per request without speculation (the second's verify step may then hold 2 drafts: a tree)."""
+    return generate(tiny_vocab_model, [REPEATS] * N_DRAWS, [sampled(4)] * N_DRAWS, random_seed=1)[0]
+
+
+@pytest.mark.parametrize("breadth", [1, 3])
+def test_unseeded_sampling_keeps_the_target_distribution(tiny_vocab_model, plain_draws, breadth, monkeypatch):
     """The joint law of the first 3 sampled tokens (216 outcomes, pooled into the frequent ones),
     with and without speculation: a chi-square test of homogeneity. Drafts from the request's own
-    repetitive prompt are accepted often and rejected often, so both paths of acceptance count."""
-    n = 2000
-    prompts = [[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2]] * n
-    plain, _ = generate(tiny_vocab_model, prompts, [sampled(3)] * n, random_seed=1)
-    spec, s = generate(tiny_vocab_model, prompts, [sampled(3)] * n, random_seed=2, speculative_algorithm="NGRAM",
-                       speculative_draft_policy="max")
+    repetitive prompt are accepted often and rejected often, so both paths of acceptance count;
+    with breadth 3 they come as trees (from the outputs of requests that finished)."""
+    n, plain = N_DRAWS, plain_draws
+    seen = spy_trees(monkeypatch)
+    spec, s = generate(tiny_vocab_model, [REPEATS] * n, [sampled(4)] * n, random_seed=2, speculative_algorithm="NGRAM",
+                       speculative_draft_policy="max", speculative_ngram_min_bfs_breadth=breadth,
+                       speculative_ngram_max_bfs_breadth=breadth)
+    assert (seen["moves"] > 0) == (breadth > 1), seen
     st = s.stats()
     assert st.spec_accepted_tokens > n // 10 and st.spec_draft_tokens - st.spec_accepted_tokens > n // 10, st
-    a, b = Counter(map(tuple, plain)), Counter(map(tuple, spec))
+    a, b = (Counter(tuple(out[:3]) for out in outs) for outs in (plain, spec))
     common = [k for k in set(a) | set(b) if a[k] + b[k] >= 20]
     rest = [sum(a[k] for k in a if k not in common), sum(b[k] for k in b if k not in common)]
     table = [[a[k] for k in common] + [rest[0]], [b[k] for k in common] + [rest[1]]]

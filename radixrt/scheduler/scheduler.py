@@ -304,14 +304,15 @@ class Scheduler:
             init = SlotInit(r.sampling, self.stop.stop_ids(r), penalty_ids, list(r.output_ids), r.long_rope)
         self.inflight.append((r, n))
         if r.spec is not None:
-            r.spec.pending = k
+            r.spec.pending, r.spec.branched = k, bool(draft is not None and draft.parents)
         allowed = r.grammar.allowed() if sample and r.grammar is not None else b""
         drafted = draft.tokens if draft is not None else []
         return BatchEntry(slot=r.slot, input_ids=r.tokens(start, start + n) + drafted, start_pos=r.kv.kv_len,
                           new_pages=new_pages, sample=sample, init=init, logprobs=logprob_spec(r, start, n),
                           allowed=allowed, pos_offset=r.kv.dropped, retain=retain,
                           want_mass=r.retention is not None and r.retention.wants_mass, draft_len=len(drafted),
-                          propose=draft.propose if draft is not None else 0)
+                          propose=draft.propose if draft is not None else 0,
+                          draft_parents=draft.parents if draft is not None else [])
 
     # -- results ---------------------------------------------------------------
 
@@ -344,7 +345,7 @@ class Scheduler:
             tokens = [next(ids)] if sampled and r.sampling.max_new_tokens > 0 else []
             if verdict is not None:
                 self.spec.verified(r, verdict)
-                tokens = verdict.draft[: verdict.accepted] + tokens
+                tokens = verdict.kept() + tokens
             try:
                 out = self.outputs.after_step(r, batch.logprobs[i] if batch.logprobs else None, tokens)
             except Exception as e:  # a bug met by this request only (stop check, logprobs): fail it alone

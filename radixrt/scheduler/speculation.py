@@ -4,7 +4,8 @@ Each step it chooses how many drafts each decoding request verifies (draft_lengt
 the measured step cost and the request's acceptance), and where they come from:
 
   * NGRAM: the request's own output, or the n-gram index over the text the server cached in
-    the request's namespace (its own prompt included), whichever matches the longer suffix;
+    the request's namespace (its own prompt included), whichever matches the longer suffix
+    (the index's as a tree, with speculative_ngram_max_bfs_breadth above 1);
     never another namespace's text: the
     speed of acceptance would tell a tenant what another one's text continues with, as prefix
     cache timing would;
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixrt.messages import KVMove, MoveKind, SpecVerdict
 from radixrt.namespace import CacheNamespace
@@ -37,7 +38,9 @@ from radixrt.speculative.draft_length import (
     plan_drafts,
     token_work,
 )
+from radixrt.speculative.draft_tree import is_chain
 from radixrt.speculative.ngram_index import NgramIndex, SequenceLookup
+from radixrt.speculative.ngram_tree import propose_tree
 from radixrt.speculative.request_spec import RequestSpec
 from radixrt.speculative.settings import SpecSettings
 
@@ -47,11 +50,12 @@ UNSPECULATED = ("grammar", "logprobs", "penalties", "retention", "spot_check", "
 
 @dataclass(frozen=True)
 class Draft:
-    """One request's drafts for a step: tokens to verify (NGRAM), or how many the worker's draft
-    model proposes (STANDALONE)."""
+    """One request's drafts for a step: tokens to verify (NGRAM: a chain, or a tree by parents),
+    or how many the worker's draft model proposes (STANDALONE)."""
 
     tokens: list[int]
     propose: int = 0
+    parents: list[int] = field(default_factory=list)  # a tree's (speculative/draft_tree.py); empty: a chain
 
     @property
     def length(self) -> int:
@@ -89,6 +93,7 @@ class Speculator:
         self.unspeculated = dict.fromkeys(UNSPECULATED, 0)
         self.verify_steps = 0  # request decode steps on a speculating server
         self.drafted = 0  # of them, those that verified drafts
+        self.tree_steps = 0  # of those, the ones whose drafts branched
         self.decode_tokens = 0  # tokens those steps gained
         self._queued: deque[tuple[CacheNamespace, list[int]]] = deque()  # text for the index, oldest first
         self._observed: tuple[float, float, float] | None = None  # the last decode-only step's work and seconds
@@ -200,9 +205,14 @@ class Speculator:
         if not self.ngram:
             return Draft([], propose=k)
         matched, own = r.spec.lookup.match(k)  # the request's own text, unless the namespace's matches longer
-        w = self.settings.max_window
-        cached = self.index.propose(r.namespace, r.tokens(max(0, r.seq_len - w), r.seq_len), k, longer_than=matched - 1)
-        return Draft(cached or own)
+        s = self.settings
+        context = r.tokens(max(0, r.seq_len - s.max_window), r.seq_len)
+        if not s.trees:
+            return Draft(self.index.propose(r.namespace, context, k, longer_than=matched - 1) or own)
+        tree = propose_tree(self.index, r.namespace, context, k, s.min_breadth, s.max_breadth, longer_than=matched - 1)
+        if not tree.tokens:
+            return Draft(own)
+        return Draft(tree.tokens, parents=[] if is_chain(tree.parents) else tree.parents)
 
     def wrote(self, r: Req, pages: list[int]) -> None:
         """STANDALONE: r's step writes these pages' KV (draft KV too): fresh, unless r's prefix is stale."""
@@ -225,6 +235,7 @@ class Speculator:
         r.spec.record.add(len(verdict.draft), verdict.accepted)
         self.server.add(len(verdict.draft), verdict.accepted)
         self.drafted += 1
+        self.tree_steps += bool(r.spec.branched)
 
     def gained(self, r: Req, tokens: list[int], decoding: bool) -> None:
         """r's output grew by tokens (after any step): its own text index follows."""
@@ -267,6 +278,7 @@ class Speculator:
             "spec_accepted_tokens": self.server.accepted,
             "spec_verify_steps": self.verify_steps,
             "spec_drafted_steps": self.drafted,
+            "spec_tree_steps": self.tree_steps,
             "spec_mean_draft_length": self.server.proposed / self.drafted if self.drafted else 0.0,
             "spec_unspeculated_requests": dict(self.unspeculated),
             "spec_ngram_index_entries": self.index.entries if self.index is not None else 0,

@@ -134,6 +134,7 @@ SCHEDULER_FIGURES = {
     "spec_accepted_tokens": ("radixrt:spec_accepted_tokens_total", "draft tokens accepted"),
     "spec_verify_steps": ("radixrt:spec_verify_steps_total", "request decode steps on a speculating server"),
     "spec_drafted_steps": ("radixrt:spec_drafted_steps_total", "request decode steps that verified drafts"),
+    "spec_tree_steps": ("radixrt:spec_tree_steps_total", "request decode steps that verified a draft tree"),
     "spec_mean_draft_length": ("radixrt:spec_mean_draft_length", "drafts per drafted step, as the cost model chose"),
     "spec_ngram_index_entries": ("radixrt:spec_ngram_index_entries", "entries of the NGRAM index over cached text"),
     "spec_ngram_index_bytes": ("radixrt:spec_ngram_index_bytes", "memory the NGRAM index holds (estimated)"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -205,6 +205,21 @@ class NgramIndex:
             if found and (found.offset < len(found.path[-1].label) or found.path[-1].last):
                 return self._follow(found, min(k, self.branch_length))
         return []
+
+    def anchors(self, namespace: Hashable, context: Sequence[int], longer_than: int = 0) -> Iterator[tuple[int, _Location]]:
+        """Every suffix `propose` would try (of the last max_window tokens of `context`, down to
+        min_window tokens and more than `longer_than`) that has a continuation in the namespace,
+        as (its length, where it ends), longest first and lazily: a caller that stops early
+        locates no more. Touches nothing: a caller drafting from these passes the nodes it read
+        to `_touch`. A location is valid until the next add, forget or clear."""
+        root = self._roots.get(namespace)
+        if root is None:
+            return
+        tail = tuple(context[-self.max_window:])
+        for n in range(len(tail), max(self.min_window, longer_than + 1) - 1, -1):
+            found = _locate(root, tail[len(tail) - n:])
+            if found and (found.offset < len(found.path[-1].label) or found.path[-1].last):
+                yield n, found
 
     def _follow(self, found: _Location, limit: int) -> list[int]:
         """Up to `limit` tokens past `found`, choosing children by match_type; touches the path."""

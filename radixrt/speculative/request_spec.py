@@ -17,6 +17,7 @@ class RequestSpec:
     verify_ct: int = 0
     idle: int = 0  # decode steps in a row it was given no draft
     pending: int = 0  # drafts its entry in flight verifies
+    branched: bool = False  # whether they form a tree (not a chain)
     checked_at: int = -1  # STANDALONE: the admission whose prefix's draft KV was checked
 
     def counts(self) -> SpecCounts:

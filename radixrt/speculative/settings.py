@@ -7,16 +7,19 @@ Two algorithms run here:
   * STANDALONE: a small draft model that shares the target's tokenizer proposes
     speculative_num_steps tokens with greedy decoding (worker/draft_model.py).
 
-Each verify step checks a chain of drafts per request: speculative_num_draft_tokens counts
-the tokens verified per request and step, the last accepted one included (SGLang's meaning:
-num_steps + 1 for a chain), so up to num_draft_tokens - 1 are drafted. It is a maximum: the
-scheduler chooses each request's draft length per step from measured acceptance and step cost
-(draft_length.py), down to none when speculation would not pay.
+Each verify step checks a chain or, for NGRAM with speculative_ngram_max_bfs_breadth above
+1, a tree of drafts per request (draft_tree.py, SGLang's BFS and PROB shapes: ngram_tree.py):
+speculative_num_draft_tokens counts the tokens verified per request and step, the last
+accepted one included (SGLang's meaning: num_steps + 1 for a chain), so up to
+num_draft_tokens - 1 are drafted. It is a maximum: the scheduler chooses each request's
+draft length per step from measured acceptance and step cost (draft_length.py), down to
+none when speculation would not pay.
 
 SGLang flags that cannot apply here are refused by name at start rather than ignored: the
-EAGLE family (it needs EAGLE heads), trees (eagle_topk and ngram BFS breadth above 1: radixrt
-verifies chains), relaxed acceptance thresholds (they change the target's distribution, which
-radixrt keeps exactly), and the draft model's own backends, quantization and token map.
+EAGLE family (it needs EAGLE heads), STANDALONE trees (eagle_topk above 1: the draft model
+proposes a chain), relaxed acceptance thresholds (they change the target's distribution,
+which radixrt keeps exactly), and the draft model's own backends, quantization and token
+map. As in SGLang, NGRAM takes its tree breadth from its own flags, not eagle_topk.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class SpecSettings:
     branch_length: int = 18  # NGRAM: tokens kept after each indexed n-gram
     capacity: int = 1_000_000  # NGRAM: the index's entries at most
     match_type: str = "BFS"
+    min_breadth: int = 1  # NGRAM: SGLang's BFS breadth at the longest match (PROB: unused)
+    max_breadth: int = 1  # NGRAM: at the shortest (PROB: children offered per node); 1: chains
     policy: str = "adaptive"  # draft lengths: adaptive (draft_length.py) or max
 
     def with_policy(self, policy: str) -> SpecSettings:
@@ -73,6 +78,11 @@ class SpecSettings:
     @property
     def enabled(self) -> bool:
         return self.algorithm is not None
+
+    @property
+    def trees(self) -> bool:
+        """Whether drafts may branch."""
+        return self.max_breadth > 1
 
     @property
     def max_drafts(self) -> int:
@@ -94,9 +104,6 @@ def spec_settings(a: Any) -> SpecSettings:
     for name, (default, why) in FIXED.items():
         if getattr(a, name) != default:
             raise ValueError(f"{name} {getattr(a, name)!r} is not supported: {why}")
-    if a.speculative_eagle_topk not in (None, 1):
-        raise ValueError(f"speculative_eagle_topk {a.speculative_eagle_topk} is not supported: radixrt verifies "
-                         "one chain of drafts per request (topk 1)")
     settings = _standalone(a) if algo == "STANDALONE" else _ngram(a)
     return settings.with_policy(a.speculative_draft_policy)
 
@@ -104,6 +111,9 @@ def spec_settings(a: Any) -> SpecSettings:
 def _standalone(a: Any) -> SpecSettings:
     if not a.speculative_draft_model_path:
         raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
+    if a.speculative_eagle_topk not in (None, 1):
+        raise ValueError(f"speculative_eagle_topk {a.speculative_eagle_topk} is not supported: radixrt's draft model "
+                         "proposes one chain of drafts per request (topk 1)")
     steps = a.speculative_num_steps if a.speculative_num_steps is not None else DEFAULT_STANDALONE_STEPS
     if steps < 1:
         raise ValueError(f"speculative_num_steps must be >= 1, got {steps}")
@@ -127,14 +137,14 @@ def _ngram(a: Any) -> SpecSettings:
     if not 1 <= lo <= hi:
         raise ValueError(f"speculative_ngram_min_match_window_size ({lo}) and speculative_ngram_max_match_window_size "
                          f"({hi}) must satisfy 1 <= min <= max")
-    for name in ("speculative_ngram_min_bfs_breadth", "speculative_ngram_max_bfs_breadth"):
-        if getattr(a, name) != 1:
-            raise ValueError(f"{name} {getattr(a, name)} is not supported: radixrt verifies one chain of drafts per "
-                             "request (breadth 1)")
+    low, high = a.speculative_ngram_min_bfs_breadth, a.speculative_ngram_max_bfs_breadth
+    if not 1 <= low <= high:
+        raise ValueError(f"speculative_ngram_min_bfs_breadth ({low}) and speculative_ngram_max_bfs_breadth ({high}) "
+                         "must satisfy 1 <= min <= max")
     if a.speculative_ngram_match_type not in MATCH_TYPES:
         raise ValueError(f"speculative_ngram_match_type must be BFS or PROB, got {a.speculative_ngram_match_type!r}")
     for name in ("speculative_ngram_branch_length", "speculative_ngram_capacity"):
         if getattr(a, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(a, name)}")
     return SpecSettings("NGRAM", tokens, None, lo, hi, a.speculative_ngram_branch_length,
-                        a.speculative_ngram_capacity, a.speculative_ngram_match_type)
+                        a.speculative_ngram_capacity, a.speculative_ngram_match_type, low, high)

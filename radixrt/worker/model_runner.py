@@ -42,6 +42,7 @@ from radixrt.models.cpu_matmul import pack_linear_weights
 from radixrt.utils.checkpoint_meta import incompatibility
 from radixrt.worker.cuda_graph import DecodeGraphRunner
 from radixrt.worker.draft_model import DraftModel
+from radixrt.worker.draft_trees import branch_copies, depth_shifts, kept_paths, refuse_trees, tree_masks
 from radixrt.worker.kv_calibration import KVCalibrationError, PrecisionReport
 from radixrt.worker.kv_tiers import prepare_disk_dir
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
@@ -64,7 +65,7 @@ from radixrt.worker.runner_setup import (
 from radixrt.worker.sampler import Sampler, mask_disallowed
 from radixrt.worker.slot_table import SlotTable
 from radixrt.worker.tier_probe import TransferProbe, attention_per_position, probe_transfers
-from radixrt.worker.verify import verify_chains
+from radixrt.worker.verify import verify_drafts
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ class ModelRunner:
         self.attn = self._attention_over(self.cache)
         self.retention_refusals = refusals(self.model, self.attn, args.kv_retention)
         self.slots = SlotTable(args.max_running_requests, self.context_length, self.cache, self.model, device)
+        if args.speculative.trees:
+            refuse_trees(self.backend_name, self.cfg.attention_layers())
         self.draft = (DraftModel(args, self.cfg, self.cache, self.backend_name, device, self.ranks)
                       if args.speculative.algorithm == "STANDALONE" else None)
         self.kv_check: PrecisionReport | None = None  # the quantized pool's start-up check
@@ -243,9 +246,14 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[rows.index(self.device)])  # [R, vocab] float32
         page_mass = gather_mass(self.attn, entries, meta.mass_reqs, self.tp)  # every rank: an all-reduce
         disk = self.tiers.take_faults() if self.tiers is not None else None  # agreed: rank 0's stand for all
-        if self.tp.rank != 0:  # the others took part in the forward and the logits gather; rank 0 samples
+        ids: list[int | None] = []
+        verdicts: dict[int, SpecVerdict] = {}
+        if self.tp.rank == 0:  # the others took part in the forward and the logits gather; rank 0 samples
+            ids, verdicts = self._sample(entries, rows, logits, failed)
+        if meta.trees:  # every rank: the kept branches' KV where their sequences continue
+            self._keep_branches(entries, verdicts)
+        if self.tp.rank != 0:
             return BatchResult(step=batch.step, next_ids=[])
-        ids, spec = self._sample(entries, rows, logits, failed)
         logprobs: list[EntryLogprobs | None] = []
         if rows.any_logprobs:
             logprobs = entry_logprobs(entries, rows, logits, ids, failed)
@@ -256,22 +264,21 @@ class ModelRunner:
         took = time.perf_counter() - start if next_ids or self.device.type != "cuda" else 0.0
         return BatchResult(step=batch.step, next_ids=next_ids, logprobs=logprobs, move_times=moved,
                            forward_seconds=took, errors=errors, page_mass=page_mass, memory=self.memory.due(), disk=disk,
-                           spec=spec)
+                           spec=[verdicts[i] for i in sorted(verdicts)])
 
     def _sample(
         self, entries: list[BatchEntry], rows: LogitRows, logits: torch.Tensor, failed: dict[int, str]
-    ) -> tuple[list[int | None], list[SpecVerdict]]:
+    ) -> tuple[list[int | None], dict[int, SpecVerdict]]:
         """Per entry its next id (None: no sample, or it failed: added to `failed`), and the verdicts
-        of the entries that verified drafts (worker/verify.py), in entry order."""
+        of the entries that verified drafts (worker/verify.py), by entry index."""
         ids: list[int | None] = [None] * len(entries)
-        chains = [i for i, e in enumerate(entries) if e.sample and e.draft_len and i not in failed]
-        verdicts = verify_chains(self.sampler, entries, rows, logits, chains) if chains else {}
-        spec: list[SpecVerdict] = []
-        for i, v in verdicts.items():
+        verifying = [i for i, e in enumerate(entries) if e.sample and e.draft_len and i not in failed]
+        spec: dict[int, SpecVerdict] = {}
+        for i, v in (verify_drafts(self.sampler, entries, rows, logits, verifying) if verifying else {}).items():
             if isinstance(v, str):
                 failed[i] = v
             else:
-                spec.append(v[0])
+                spec[i] = v[0]
                 ids[i] = v[1]
         picks = [i for i, e in enumerate(entries) if e.sample and not e.draft_len and i not in failed]
         if not picks:
@@ -287,6 +294,15 @@ class ModelRunner:
         for row, why in res.errors.items():
             failed[picks[row]] = why
         return ids, spec
+
+    def _keep_branches(self, entries: list[BatchEntry], verdicts: dict[int, SpecVerdict]) -> None:
+        """Every rank: each draft tree's kept branch (rank 0's verdicts) moves its KV down to the
+        cache indices right after its root."""
+        paths = self.ranks.share(kept_paths(entries, verdicts) if self.tp.rank == 0 else
+                                 [-1] * sum(e.draft_len for e in entries if e.draft_parents))
+        slots, src, dst = branch_copies(entries, paths)
+        if slots:
+            self.cache.copy_slots(self.slots.cache_slots(slots, src), self.slots.cache_slots(slots, dst))
 
     def _apply_slot_changes(self, batch: ForwardBatch) -> dict[int, str]:
         """Freed slots, new slots' sampling state, copy-on-write copies and page-table deltas.
@@ -329,8 +345,11 @@ class ModelRunner:
         page_table = self.slots.rows(slots, max_pages)  # [B, max_pages]
         ps = self.page_size
         out_slots = page_table[req_of_row, positions // ps] * ps + positions % ps  # [T]
+        trees = tree_masks(entries, dev)
+        if trees:  # a draft's rope position is its root's plus its depth
+            positions = positions - depth_shifts(entries, trees, dev)
         positions, grew = self.slots.positions(entries, positions, req_of_row)  # cache index -> rope table row
         if grew and self.graphs is not None:  # the rope tables moved: graphs captured the old ones
             self.graphs = self._capture_decode_graphs()
         mass_reqs = [i for i, e in enumerate(entries) if e.want_mass]
-        return AttentionMetadata(qo_lens, kv_lens, page_table, out_slots, ps, mass_reqs), input_ids, positions
+        return AttentionMetadata(qo_lens, kv_lens, page_table, out_slots, ps, mass_reqs, trees), input_ids, positions

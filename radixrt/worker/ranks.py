@@ -27,6 +27,14 @@ class Ranks:
     def reduce(self, value: int, op: torch.distributed.ReduceOp) -> int:
         return self.reduce_each([value], op)[0]
 
+    def share(self, values: list[int]) -> list[int]:
+        """Rank 0's values on every rank (every rank passes as many)."""
+        if self.tp.size == 1 or not values:
+            return values
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        torch.distributed.broadcast(t, src=0)
+        return t.tolist()
+
     def first_failed(self, failed: bool) -> int | None:
         """The lowest rank that failed (every rank passes its own flag), or None."""
         # the lowest failed rank r sends the largest value, size - r

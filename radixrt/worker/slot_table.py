@@ -79,6 +79,11 @@ class SlotTable:
         """slots: [B] -> [B, max_pages] their page tables' first columns."""
         return self.page_table[slots, :max_pages]
 
+    def cache_slots(self, slots: list[int], index: list[int]) -> torch.Tensor:
+        """[n] int64 the cache slots of cache index index[i] of the request on slots[i]."""
+        s, idx = (torch.tensor(x, dtype=torch.int64, device=self.device) for x in (slots, index))
+        return self.page_table[s, idx // self.page_size].to(torch.int64) * self.page_size + idx % self.page_size
+
     def positions(self, entries: list[BatchEntry], index: torch.Tensor, req_of_row: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """index: [T] cache indices -> ([T] the rows of the rope tables the model reads, grew): a
         token's place in its sequence (retention may have dropped tokens before it), under its
