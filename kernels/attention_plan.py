@@ -23,7 +23,7 @@ on the pool's device.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -58,13 +58,18 @@ class DecodePlan:
 
 @dataclass
 class TreePlan:
-    """A request verifying a draft tree, through the compiled kernel (no window cuts it)."""
+    """Every request of a step verifying a draft tree through the compiled kernel (no window cuts
+    them), at once: R requests of at most Q new rows, N rows in all, padded to Q. One kernel call
+    reads the cached prefixes, a request's rows of a KV head as that head's group (each KV block
+    read once for all of them, as NativeCascades does); one batched explicit attention reads the
+    new rows under the trees' masks."""
 
-    start: int  # first token row of this request
-    end: int
-    prefix: KVRun  # one pseudo-request per query row: the request's cached prefix
-    slots: torch.Tensor  # [q_len] int64 cache slots of the new rows (written before the attention)
-    bias: torch.Tensor  # [q_len, q_len] float32: 0 where a row sees a new row (the tree mask), -inf elsewhere
+    rows: torch.Tensor  # [N] int64 token rows of their queries, request by request
+    prefix: KVRun  # [R] each request's cached prefix
+    place: torch.Tensor  # [R, Q] int64 index into rows of each request's j-th row (padding: its first)
+    gather: torch.Tensor  # [N] int64 each row's place in the [R * Q] padded rows
+    slots: torch.Tensor  # [R, Q] int64 cache slots of the new rows (written before the attention; padding: pad_slot)
+    bias: torch.Tensor  # [R, 1, 1, Q, Q] float32: 0 where a row sees a new row (its tree mask), -inf elsewhere
 
 
 @dataclass
@@ -126,7 +131,7 @@ class StepPlan:
     decodes: list[DecodePlan]
     prefills: list[PrefillPlan]
     native_cascades: NativeCascades | None = None  # the compiled kernel: every group at once
-    trees: list[TreePlan] = field(default_factory=list)  # the compiled kernel: draft trees
+    trees: TreePlan | None = None  # the compiled kernel: every draft tree at once
 
     def cascade_groups(self) -> list[list[int]]:
         """The token rows of each cascade group's members, whichever path reads them."""
@@ -232,7 +237,7 @@ class StepPlanner:
             rest = decode + chunks
             decodes = [self._plan_decode(meta, rest, starts, window, device)] if rest else []
             return StepPlan([], decodes, masked, self._plan_native_cascades(meta, groups, starts) if groups else None,
-                            [self._plan_tree(meta, i, starts) for i in native_trees])
+                            self._plan_trees(meta, native_trees, starts) if native_trees else None)
         cascades = [self._plan_cascade(meta, members, shared, starts, device) for members, shared in groups]
         # The torch path pads, so it groups decodes by what they read; each chunk attends on its own.
         reads = meta.kv_lens if window is None else [min(n, window) for n in meta.kv_lens]
@@ -330,13 +335,23 @@ class StepPlanner:
         mask = visible(q_pos, kv_pos, window if cut else None)  # bottom-right causal, cut to the window
         return PrefillPlan(*rows, slots, mask)
 
-    def _plan_tree(self, meta: AttentionMetadata, i: int, starts: list[int]) -> TreePlan:
-        q_len, kv_len = meta.qo_lens[i], meta.kv_lens[i]
-        prefix = kv_len - q_len
-        run = self._plan_run(meta, [i], 0, [prefix], None)
-        rows = KVRun(run.pages.expand(q_len, -1).contiguous(), run.lens.expand(q_len).contiguous())
-        slots = meta.out_slots[starts[i] : starts[i] + q_len]
-        return TreePlan(starts[i], starts[i] + q_len, rows, slots, additive_mask(meta.trees[i]))
+    def _plan_trees(self, meta: AttentionMetadata, reqs: list[int], starts: list[int]) -> TreePlan:
+        device = meta.page_table.device
+        q_lens = [meta.qo_lens[i] for i in reqs]
+        R, Q = len(reqs), max(q_lens)
+        t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+        prefix = self._plan_run(meta, reqs, 0, [meta.kv_lens[i] - meta.qo_lens[i] for i in reqs], None)
+        firsts = [sum(q_lens[:r]) for r in range(R)]
+        place = t([[firsts[r] + (j if j < q else 0) for j in range(Q)] for r, q in enumerate(q_lens)])
+        gather = t([r * Q + j for r, q in enumerate(q_lens) for j in range(q)])
+        rows = t([starts[i] + j for i in reqs for j in range(meta.qo_lens[i])])
+        slots = torch.full((R * Q,), self.cache.pad_slot, dtype=torch.int64, device=device)
+        slots[gather] = meta.out_slots[rows]
+        bias = torch.full((R, Q, Q), float("-inf"), dtype=torch.float32, device=device)
+        bias[:, :, 0] = 0.0  # a padding row reads its request's root: finite, and dropped
+        for r, i in enumerate(reqs):
+            bias[r, : q_lens[r], : q_lens[r]] = additive_mask(meta.trees[i])
+        return TreePlan(rows, prefix, place, gather, slots.view(R, Q), bias[:, None, None])
 
     def _plan_tree_prefill(self, meta: AttentionMetadata, i: int, starts: list[int], window: int | None, device) -> PrefillPlan:
         """A draft tree as a prefill chunk with an explicit mask: the cached prefix (cut to each row's

@@ -35,10 +35,11 @@ without window or cap runs exactly as before. The planning (which request goes
 which way, with what indices and masks) is attention_plan.py; this module runs
 the plans, layer by layer.
 
-Draft trees (speculative verification, AttentionMetadata.trees): through the kernel, each of
-a tree's rows reads the cached prefix as a decode of its own, and its ancestors among the new
-rows through explicit float32 scores under the tree mask (`rows_attention`); the two partial
-softmaxes merge by their log-sum-exps, as cascades do. Where a window cuts the tree, or on the
+Draft trees (speculative verification, AttentionMetadata.trees): through the kernel, every
+tree row of the step reads its cached prefix as a decode of its own (one call), and the trees'
+new rows attend to their ancestors through one batched float32 attention, padded to the
+largest tree, under their masks; the two partial softmaxes merge by their log-sum-exps, as
+cascades do. Where a window cuts the tree, or on the
 torch path, the tree is a prefill chunk whose explicit mask holds it.
 
 Attention mass (heavy-hitter retention, take_page_mass): for each request in
@@ -154,8 +155,8 @@ class TorchBackend(AttentionBackend):
                 out = self._attend_run(q, d.run, layer, la, d.q_starts)[0].to(q.dtype)
             else:
                 out[d.rows] = self._attend_run(q[d.rows], d.run, layer, la, d.q_starts)[0].to(q.dtype)
-        for t in plan.trees:
-            out[t.start : t.end] = self._tree(q[t.start : t.end], t, layer, la)
+        if (t := plan.trees) is not None:
+            out[t.rows] = self._trees(q[t.rows], t, layer, la)
         for p in plan.prefills:
             # kp, vp: [kv_read, kv_heads, head_dim]
             kp, vp = (k[p.start : p.end], v[p.start : p.end]) if p.slots is None else self.cache.read(layer, p.slots)
@@ -199,13 +200,25 @@ class TorchBackend(AttentionBackend):
         ot, lse_t = self._attend_run(q, nc.tail, layer, la)  # [M, heads, D], [M, heads]
         return merge(op, lse_p, ot, lse_t).to(q.dtype)
 
-    def _tree(self, q: torch.Tensor, t: TreePlan, layer: int, la: LayerAttention) -> torch.Tensor:
-        """q: [n, heads, D] a draft tree's rows -> [n, heads, D]: the cached prefix through the kernel
-        (a decode per row), the rows' ancestors under the tree mask, merged by their log-sum-exps."""
-        op, lse_p = self._attend_run(q, t.prefix, layer, la)
-        kt, vt = self.cache.read(layer, t.slots)  # [n, kv_heads, D]
-        ot, lse_t = rows_attention(q, kt, vt, t.bias, la)
-        return merge(op, lse_p, ot, lse_t).to(q.dtype)
+    def _trees(self, q: torch.Tensor, t: TreePlan, layer: int, la: LayerAttention) -> torch.Tensor:
+        """q: [N, heads, D] every draft tree's rows -> [N, heads, D]: the cached prefixes through the
+        kernel (a request's rows of a KV head as its group), the new rows under the trees' masks
+        (one batched attention), padded to [R, Q] rows, merged by their log-sum-exps."""
+        H, D = q.shape[1:]
+        R, Q = t.slots.shape
+        k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]
+        kv_heads = k_pool.shape[2]
+        qg = q[t.place].float().view(R, Q, kv_heads, H // kv_heads, D)
+        qc = qg.transpose(1, 2).reshape(R, -1, D).contiguous()  # [R, kv_heads * Q * group, D]
+        op, lse_p = self.native(qc, k_pool, v_pool, t.prefix.pages, t.prefix.lens, la.scale, want_lse=True,
+                                softcap=la.softcap)
+        op = op.view(R, kv_heads, Q, -1, D).transpose(1, 2).reshape(R * Q, H, D)
+        lse_p = lse_p.view(R, kv_heads, Q, -1).transpose(1, 2).reshape(R * Q, H)
+        k, v = self.cache.read_heads(layer, t.slots)  # [R, kv_heads, Q, D] float32
+        ot, lse_t = attend(qg.permute(0, 2, 3, 1, 4), k[:, :, None], v[:, :, None], t.bias, la.scale, la.softcap)
+        ot = ot.permute(0, 3, 1, 2, 4).reshape(R * Q, H, D)  # from [R, kv_heads, group, Q, D]
+        lse_t = lse_t.permute(0, 3, 1, 2).reshape(R * Q, H)
+        return merge(op, lse_p, ot, lse_t)[t.gather].to(q.dtype)
 
     def _attend_run(
         self, q: torch.Tensor, run: KVRun, layer: int, la: LayerAttention, q_starts: torch.Tensor | None = None
