@@ -12,8 +12,8 @@ tail on its own; through the kernel every group goes in two calls per layer
 (NativeCascades). A decode whose window does not cover its whole sequence never joins one.
 A request whose attention mass the step sums (heavy-hitter retention) gets a MassPlan.
 A request verifying a draft tree (AttentionMetadata.trees) attends with its tree mask: through
-the kernel, where no window cuts it, as a TreePlan (each query row reads the cached prefix as
-a decode, and its ancestors among the new rows under the mask, merged by log-sum-exp);
+the kernel, where no window cuts it, in the step's TreePlan (its rows read the cached prefix as
+one pseudo-request, and their ancestors among the new rows under the mask, merged by log-sum-exp);
 otherwise as a prefill chunk whose explicit mask holds the tree.
 
 Tensors here are indices and masks (int64 page ids and cache slots, bool or float32 masks),

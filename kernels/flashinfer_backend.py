@@ -28,7 +28,7 @@ window/soft-cap variant and a wrapper holds one plan, so there is one wrapper
 for Gemma's sliding and full layers, as SGLang does), all planned each step
 from the same page table (the window narrows what is read, not the pages
 listed); a step with draft trees plans the prefill wrappers with a custom mask
-(`tree_masks`), all sharing one float workspace (layers run one after another on one
+(`custom_mask`), all sharing one float workspace (layers run one after another on one
 stream); each layer runs its kind's wrapper.
 
 For CUDA graphs (radixrt/worker/cuda_graph.py), `graph_decode_wrappers` makes
@@ -95,7 +95,7 @@ def paged_kv(meta: AttentionMetadata) -> PagedKV:
     return PagedKV(indptr, meta.page_table[req, col].to(torch.int32), last_page_len)
 
 
-def tree_masks(meta: AttentionMetadata) -> torch.Tensor:
+def custom_mask(meta: AttentionMetadata) -> torch.Tensor:
     """The step's masks as one flat bool tensor (FlashInfer's custom_mask): per request, row-major
     [qo_len, kv_len], its draft tree's (AttentionMetadata.trees) or bottom-right causal.
 
@@ -175,7 +175,7 @@ class FlashInferBackend(AttentionBackend):
                        **dtypes, **plan_options(kind))
         else:
             qo_indptr = host_int32([0, *itertools.accumulate(meta.qo_lens)], kv.indices.device)  # [B + 1]
-            masks = dict(custom_mask=tree_masks(meta), causal=False) if meta.trees else dict(causal=True)
+            masks = dict(custom_mask=custom_mask(meta), causal=False) if meta.trees else dict(causal=True)
             for kind, w in zip(self.kinds, wrappers):
                 w.plan(qo_indptr, kv.indptr, kv.indices, kv.last_page_len, self.num_heads, self.kv_heads, self.head_dim,
                        ps, **masks, **dtypes, **plan_options(kind))

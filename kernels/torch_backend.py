@@ -36,11 +36,11 @@ which way, with what indices and masks) is attention_plan.py; this module runs
 the plans, layer by layer.
 
 Draft trees (speculative verification, AttentionMetadata.trees): through the kernel, every
-tree row of the step reads its cached prefix as a decode of its own (one call), and the trees'
-new rows attend to their ancestors through one batched float32 attention, padded to the
-largest tree, under their masks; the two partial softmaxes merge by their log-sum-exps, as
-cascades do. Where a window cuts the tree, or on the
-torch path, the tree is a prefill chunk whose explicit mask holds it.
+tree of the step reads its cached prefix in one call, a request's rows of a KV head as that
+head's group (as a cascade's shared prefix is read), and the trees' new rows attend to their
+ancestors through one batched float32 attention, padded to the largest tree, under their
+masks; the two partial softmaxes merge by their log-sum-exps. Where a window cuts the tree,
+or on the torch path, the tree is a prefill chunk whose explicit mask holds it.
 
 Attention mass (heavy-hitter retention, take_page_mass): for each request in
 meta.mass_reqs, every layer's forward also reads the request's K back from the
@@ -84,32 +84,18 @@ def capped_prefill(
     (then T == n) -> [n, heads, D] in q's dtype. Query rows go in blocks that bound the
     scores to CAPPED_SCORES_PER_BLOCK floats.
     """
-    n, H = q.shape[:2]
-    T = k.shape[0]
+    n, H, D = q.shape
+    kv_heads, T = k.shape[1], k.shape[0]
     if mask is None:
         mask = torch.ones(n, T, dtype=torch.bool, device=q.device).tril_()
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    qh = q.float().transpose(0, 1).reshape(kv_heads, H // kv_heads, n, D)  # [kv_heads, group, n, D]
+    kh, vh = (x.float().transpose(0, 1)[:, None] for x in (k, v))  # [kv_heads, 1, T, D]
+    out = torch.empty_like(qh)
     block = max(1, CAPPED_SCORES_PER_BLOCK // (H * T))
     for b0 in range(0, n, block):
         rows = slice(b0, b0 + block)
-        out[rows] = rows_attention(q[rows], k, v, additive_mask(mask[rows]), la)[0]
-    return out.to(q.dtype)
-
-
-def rows_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, la: LayerAttention
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Query rows of one request over one block of its K/V, through explicit float32 scores.
-
-    q: [n, heads, D]; k, v: [T, kv_heads, D]; bias: [n, T] float32 additive mask (every row
-    sees a key) -> out [n, heads, D], lse [n, heads], float32.
-    """
-    n, H, D = q.shape
-    kv_heads = k.shape[1]
-    qh = q.float().transpose(0, 1).reshape(kv_heads, H // kv_heads, n, D)  # [kv_heads, group, n, D]
-    kh, vh = (x.float().transpose(0, 1)[:, None] for x in (k, v))  # [kv_heads, 1, T, D]
-    out, lse = attend(qh, kh, vh, bias, la.scale, la.softcap)
-    return out.reshape(H, n, D).transpose(0, 1), lse.reshape(H, n).transpose(0, 1)
+        out[:, :, rows] = attend(qh[:, :, rows], kh, vh, additive_mask(mask[rows]), la.scale, la.softcap)[0]
+    return out.reshape(H, n, D).transpose(0, 1).to(q.dtype)
 
 
 class TorchBackend(AttentionBackend):
@@ -188,17 +174,26 @@ class TorchBackend(AttentionBackend):
     def _native_cascades(self, q: torch.Tensor, nc: NativeCascades, layer: int, la: LayerAttention) -> torch.Tensor:
         """q: [M, heads, D] every member's query -> [M, heads, D]: the shared prefixes in one call (the
         pseudo-requests of NativeCascades), the tails in another, merged by their log-sum-exps."""
-        H, D = q.shape[1:]
-        kv_heads, C = self.cache.k[layer].shape[2], nc.prefix_lens.shape[0]
+        kv_heads = self.cache.k[layer].shape[2]
         qg = group_queries(q, kv_heads)[nc.spread]  # [C * per, kv_heads, group, D] float32
-        # [C, kv_heads * per * group, D]: a pseudo-request's rows of one KV head are that head's group
-        qc = qg.view(C, nc.per, kv_heads, -1, D).transpose(1, 2).reshape(C, -1, D).contiguous()
-        op, lse_p = self.native(qc, self.cache.k[layer], self.cache.v[layer], nc.prefix_pages, nc.prefix_lens, la.scale,
-                                want_lse=True, softcap=la.softcap)
-        op = op.view(C, kv_heads, nc.per, -1, D).transpose(1, 2).reshape(C * nc.per, H, D)[nc.gather]
-        lse_p = lse_p.view(C, kv_heads, nc.per, -1).transpose(1, 2).reshape(C * nc.per, H)[nc.gather]
+        op, lse_p = self._grouped_prefixes(qg, nc.per, nc.prefix_pages, nc.prefix_lens, layer, la)
         ot, lse_t = self._attend_run(q, nc.tail, layer, la)  # [M, heads, D], [M, heads]
-        return merge(op, lse_p, ot, lse_t).to(q.dtype)
+        return merge(op[nc.gather], lse_p[nc.gather], ot, lse_t).to(q.dtype)
+
+    def _grouped_prefixes(
+        self, qg: torch.Tensor, per: int, pages: torch.Tensor, lens: torch.Tensor, layer: int, la: LayerAttention
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """C pseudo-requests of `per` query rows each over their KV (pages, lens: [C, P], [C]) in one
+        kernel call, a pseudo-request's rows of a KV head as that head's group (each KV block read
+        once for all). qg: [C * per, kv_heads, group, D] float32 -> out [C * per, heads, D], lse
+        [C * per, heads], float32."""
+        n, kv_heads, group, D = qg.shape
+        C = n // per
+        qc = qg.view(C, per, kv_heads, group, D).transpose(1, 2).reshape(C, -1, D).contiguous()
+        op, lse = self.native(qc, self.cache.k[layer], self.cache.v[layer], pages, lens, la.scale, want_lse=True,
+                              softcap=la.softcap)
+        op = op.view(C, kv_heads, per, group, D).transpose(1, 2).reshape(n, kv_heads * group, D)
+        return op, lse.view(C, kv_heads, per, group).transpose(1, 2).reshape(n, kv_heads * group)
 
     def _trees(self, q: torch.Tensor, t: TreePlan, layer: int, la: LayerAttention) -> torch.Tensor:
         """q: [N, heads, D] every draft tree's rows -> [N, heads, D]: the cached prefixes through the
@@ -206,16 +201,11 @@ class TorchBackend(AttentionBackend):
         (one batched attention), padded to [R, Q] rows, merged by their log-sum-exps."""
         H, D = q.shape[1:]
         R, Q = t.slots.shape
-        k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]
-        kv_heads = k_pool.shape[2]
-        qg = q[t.place].float().view(R, Q, kv_heads, H // kv_heads, D)
-        qc = qg.transpose(1, 2).reshape(R, -1, D).contiguous()  # [R, kv_heads * Q * group, D]
-        op, lse_p = self.native(qc, k_pool, v_pool, t.prefix.pages, t.prefix.lens, la.scale, want_lse=True,
-                                softcap=la.softcap)
-        op = op.view(R, kv_heads, Q, -1, D).transpose(1, 2).reshape(R * Q, H, D)
-        lse_p = lse_p.view(R, kv_heads, Q, -1).transpose(1, 2).reshape(R * Q, H)
+        qg = group_queries(q[t.place].view(R * Q, H, D), self.cache.k[layer].shape[2])  # [R * Q, kv_heads, group, D]
+        op, lse_p = self._grouped_prefixes(qg, Q, t.prefix.pages, t.prefix.lens, layer, la)
         k, v = self.cache.read_heads(layer, t.slots)  # [R, kv_heads, Q, D] float32
-        ot, lse_t = attend(qg.permute(0, 2, 3, 1, 4), k[:, :, None], v[:, :, None], t.bias, la.scale, la.softcap)
+        qh = qg.view(R, Q, *qg.shape[1:]).permute(0, 2, 3, 1, 4)  # [R, kv_heads, group, Q, D]
+        ot, lse_t = attend(qh, k[:, :, None], v[:, :, None], t.bias, la.scale, la.softcap)
         ot = ot.permute(0, 3, 1, 2, 4).reshape(R * Q, H, D)  # from [R, kv_heads, group, Q, D]
         lse_t = lse_t.permute(0, 3, 1, 2).reshape(R * Q, H)
         return merge(op, lse_p, ot, lse_t)[t.gather].to(q.dtype)
