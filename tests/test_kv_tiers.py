@@ -271,6 +271,8 @@ def test_the_disk_tier_is_keyed_by_the_weights_content_not_their_place(llama_pat
     assert fingerprint(copy) == fingerprint(llama_path)  # same weights elsewhere: same KV
     assert fingerprint(llama_path, kv_cache_dtype="int8") != fingerprint(llama_path)
     assert fingerprint(llama_path, page_size=16) != fingerprint(llama_path)
+    int8 = {fingerprint(llama_path, quantization="w8a8_int8"), fingerprint(llama_path, torchao_config="int8wo")}
+    assert len(int8) == 2 and fingerprint(llama_path) not in int8  # weights quantized at load make other KV
     fp8 = ServerArgs(model_path=str(llama_path), kv_cache_dtype="fp8_e4m3", enable_hierarchical_cache=True,
                      hicache_dir=str(tmp_path / "hc"))
     fp8 = TierConfig.of(fp8)

@@ -112,6 +112,8 @@ class TokenizerManager:
         self.worker_info = {
             "matmul_dtype": worker.matmul_dtype, "matmul_dtype_reason": worker.matmul_dtype_reason,
             "weight_packing": worker.weight_packing, "weight_packing_reason": worker.weight_packing_reason,
+            "weight_quantization": worker.weight_quantization,
+            "weight_quantization_reason": worker.weight_quantization_reason,
         }
         # checks and tokenizes every call before any of it is sent
         self.intake = Intake(args, self.tokenizer, worker.context_length, worker.vocab_size, worker.eos_ids,

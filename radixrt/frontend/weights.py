@@ -11,7 +11,7 @@ from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
 
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang's --weight-version default
-LOAD_FORMATS = (None, "auto", "safetensors")  # the loader reads safetensors checkpoints only
+LOAD_FORMATS = (None, "auto", "safetensors")  # an update reads safetensors checkpoints only (GGUF: at start)
 # SGLang fields a radixrt update cannot honour, with the one value it can (any other is a 400 naming the field)
 UNSUPPORTED_UPDATE_OPTIONS: dict[str, Any] = {
     "is_async": False,  # the call returns when the new weights serve
@@ -55,8 +55,9 @@ def model_info(args: ServerArgs, weights: ServedWeights) -> dict[str, Any]:
 def check_update_options(load_format: str | None = None, **options: Any) -> None:
     """Raise RequestError naming the first option this server cannot honour."""
     if load_format not in LOAD_FORMATS:
-        raise RequestError(f"load_format {load_format!r} is not supported; radixrt loads safetensors checkpoints "
-                           f"({', '.join(str(f) for f in LOAD_FORMATS)})", "load_format")
+        raise RequestError(f"load_format {load_format!r} is not supported; a weight update loads safetensors "
+                           f"checkpoints ({', '.join(str(f) for f in LOAD_FORMATS)}; a GGUF model is served from "
+                           "the start only)", "load_format")
     for name, value in options.items():
         if name in UNSUPPORTED_UPDATE_OPTIONS and value != UNSUPPORTED_UPDATE_OPTIONS[name]:
             raise RequestError(f"{name}={value!r} is not supported by radixrt's weight update "

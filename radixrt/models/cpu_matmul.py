@@ -157,17 +157,19 @@ def _cannot_pack(dtype: torch.dtype) -> str | None:
 
 
 def pack_linear_weights(model: nn.Module) -> None:
-    """Give every linear layer its weight packed for oneDNN (again after the weights change)."""
+    """Give every linear layer its weight packed for oneDNN (again after the weights change); int8
+    layers multiply through their own kernels (weight_quant.py)."""
     for module in model.modules():
-        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and module.int8 is None:
             module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
 
 
 def hold_linear_weights_in(model: nn.Module, dtype: torch.dtype) -> None:
     """Give every linear layer its weight (and bias) in dtype. A weight tied to another
-    module (the LM head to the embedding) gets its own copy; the other keeps its dtype."""
+    module (the LM head to the embedding) gets its own copy; the other keeps its dtype. int8
+    layers (weight_quant.py) keep their int8 weights; a bias is the kernel's to read in any dtype."""
     for module in model.modules():
-        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and module.weight.dtype != torch.int8:
             module.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
             if module.bias is not None:
                 module.bias = nn.Parameter(module.bias.detach().to(dtype), requires_grad=False)

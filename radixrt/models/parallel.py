@@ -6,13 +6,15 @@ Both compute in their weight's dtype and return their input's dtype: weights
 held in float32 for a half-precision model (cpu_matmul.py) change where the
 arithmetic runs, not what the layers pass on. On CPU a layer may also hold its
 weight packed once for oneDNN (`packed`, cpu_matmul.pack_linear_weights); it then
-multiplies through that copy, the same product in another kernel.
+multiplies through that copy, the same product in another kernel. A quantized layer holds int8
+weights and their scales and multiplies through its int8 kernel (weight_quant.py).
 The vocabulary splits in contiguous blocks for the embedding and the LM head.
 With size 1 every collective is skipped, so one code path serves both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,8 +60,13 @@ class ColumnParallelLinear(nn.Linear):
     """y = x @ W_shard^T + b_shard: this rank's output features (nn.Linear's parameters)."""
 
     packed: torch.Tensor | None = None  # the weight as oneDNN holds it (cpu_matmul.pack_linear_weights)
+    # An int8 layer (weight_quant.py): weight is int8 [out, in], weight_scale float32 [out, 1], and
+    # int8 the kernel that multiplies them (int8_linear.Int8Kernel).
+    int8: Callable | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8 is not None:
+            return self.int8(x, self.weight, self.weight_scale, self.bias).to(x.dtype)
         return _linear(self.weight, self.packed, x, self.bias).to(x.dtype)
 
 
@@ -72,9 +79,13 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))  # [out, in / tp]
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.packed: torch.Tensor | None = None  # as ColumnParallelLinear.packed
+        self.int8: Callable | None = None  # as ColumnParallelLinear.int8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(_linear(self.weight, self.packed, x, None).to(x.dtype))
+        if self.int8 is not None:
+            y = self.tp.all_reduce(self.int8(x, self.weight, self.weight_scale, None).to(x.dtype))
+        else:
+            y = self.tp.all_reduce(_linear(self.weight, self.packed, x, None).to(x.dtype))
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
 

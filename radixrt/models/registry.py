@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
 from radixrt.models.config import ModelConfig
+from radixrt.models.fp8_checkpoint import dequantize_fp8
 from radixrt.models.gemma import GemmaForCausalLM
 from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.parallel import TPGroup
 from radixrt.models.phi3 import Phi3ForCausalLM
+from radixrt.models.weight_quant import (
+    hold_int8_placeholders,
+    quantize_linear_weights,
+    without_zero_points,
+)
+from radixrt.quant_settings import WeightScheme
+
+UNQUANTIZED = WeightScheme("none", "unquantized")
 
 # Every model_type here has a config reader in family_options.FAMILY_OPTIONS (a test checks both lists).
 MODEL_FAMILIES: dict[str, type[torch.nn.Module]] = {
@@ -30,15 +40,29 @@ MODEL_FAMILIES: dict[str, type[torch.nn.Module]] = {
 
 
 def load_model(
-    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup = TPGroup()
+    path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup = TPGroup(),
+    scheme: WeightScheme = UNQUANTIZED,
 ) -> torch.nn.Module:
-    """Build the model for cfg.model_type (this rank's shard) and fill it from the checkpoint."""
+    """Build the model for cfg.model_type (this rank's shard), in dtype, and fill it from the
+    checkpoint; an int8 scheme's linear layers end up int8 (weight_quant.py): loaded so from a
+    pre-quantized checkpoint, or quantized after loading. (Casting before loading rounds each
+    tensor once, as loading then casting would.)"""
     if cfg.model_type not in MODEL_FAMILIES:
         raise ValueError(f"model_type {cfg.model_type!r} is not supported; known: {sorted(MODEL_FAMILIES)}")
     with torch.device(device):
-        model = MODEL_FAMILIES[cfg.model_type](cfg, tp)
-    model.load_weights(iter_safetensors(Path(path), device))
-    return model.to(dtype=dtype).eval()
+        model = MODEL_FAMILIES[cfg.model_type](cfg, tp).to(dtype=dtype)
+    int8 = scheme.name in ("w8a8_int8", "int8wo")
+    if int8 and scheme.prequantized:
+        hold_int8_placeholders(model)
+    weights = iter_safetensors(Path(path), device)
+    if scheme.name == "fp8":
+        weights = dequantize_fp8(weights, dtype)
+    elif int8 and scheme.prequantized:
+        weights = without_zero_points(weights)
+    model.load_weights(weights)
+    if int8 and not scheme.prequantized:
+        quantize_linear_weights(model, tp)
+    return model.eval()
 
 
 def reload_weights(model: torch.nn.Module, path: str | Path, device: torch.device) -> None:
@@ -54,7 +78,16 @@ def reload_weights(model: torch.nn.Module, path: str | Path, device: torch.devic
 
 def iter_safetensors(path: Path, device: torch.device) -> Iterator[tuple[str, Any]]:
     """Lazy tensors of a checkpoint (one model.safetensors or the shards its index lists):
-    indexing a slice reads only that part, so a rank never loads the whole model."""
+    indexing a slice reads only that part, so a rank never loads the whole model. A GGUF
+    sidecar directory (utils/gguf_sidecar.py) yields its GGUF file's tensors instead, whole,
+    dequantized to float32 on the CPU one at a time (gguf_checkpoint.iter_gguf)."""
+    # imported here: this function is registry.py's one GGUF hook
+    from radixrt.models.gguf_checkpoint import iter_gguf
+    from radixrt.utils.gguf_sidecar import gguf_source
+
+    if gguf_source(path) is not None:
+        yield from iter_gguf(path)
+        return
     index = path / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))

@@ -36,7 +36,10 @@ Approximations:
     workload can be up to a page more per request (the margin covers it when pages are short);
   * the host tier for `--reusable-prefix-tokens` is whole pool pages (the tier copies pages), per rank.
 
---model-path is a local checkpoint directory: a Hugging Face repo id is not resolved here.
+--model-path is a local checkpoint directory: a Hugging Face repo id is not resolved here. A GGUF
+file is read through its sidecar directory (utils/gguf_sidecar.py, built on first use as a server
+start builds it), its tensors' shapes from the file's header: served dequantized, they count at
+the resolved dtype like any other checkpoint's.
 """
 
 from __future__ import annotations
@@ -54,9 +57,11 @@ from radixrt.config import KV_CACHE_DTYPES, ServerArgs
 from radixrt.launch_server import OneLineParser
 from radixrt.models.config import ModelConfig
 from radixrt.models.dtype import resolve_dtype
+from radixrt.models.gguf_checkpoint import gguf_tensor_meta
 from radixrt.ops.sizing import ACTIVATION_FRACTION, KV_MARGIN, Breakdown, Sizer, Workload
 from radixrt.ops.trace import load_trace
-from radixrt.utils.checkpoint_meta import checkpoint_tensors, read_config
+from radixrt.utils.checkpoint_meta import TensorMeta, checkpoint_tensors, read_config
+from radixrt.utils.gguf_sidecar import ensure_sidecar, gguf_source, is_gguf_file
 from radixrt.worker.kv_pool import available_host_bytes
 from radixrt.worker.runner_setup import DTYPES, resolve_device
 
@@ -115,8 +120,9 @@ def estimate(args: ServerArgs, workload: Workload, mem_bytes: int | None = None)
     requests of the workload, on devices of mem_bytes each (None: this machine's). Reads config.json
     and the safetensors headers only. Raises ValueError for a directory that is not a checkpoint,
     a context_length above the model's, or a model that does not split over args.tp_size."""
-    read_config(args.model_path)  # the refusal of a directory without config.json, naming it
-    cfg = ModelConfig.from_dir(args.model_path)
+    model_dir = checkpoint_dir(args.model_path)
+    read_config(model_dir)  # the refusal of a directory without config.json, naming it
+    cfg = ModelConfig.from_dir(model_dir)
     device = resolve_device(args.device).type
     dtype = resolve_dtype(cfg.torch_dtype, cfg.model_type, device, args.dtype)
     context = args.context_length or cfg.max_position_embeddings
@@ -125,7 +131,7 @@ def estimate(args: ServerArgs, workload: Workload, mem_bytes: int | None = None)
             f"context_length {context} exceeds the model's max_position_embeddings {cfg.max_position_embeddings}"
         )
     mem = mem_bytes if mem_bytes is not None else device_memory(device)
-    sizer = Sizer(cfg, checkpoint_tensors(args.model_path), DTYPES[dtype], device, args.page_size, context, mem)
+    sizer = Sizer(cfg, tensor_meta(model_dir), DTYPES[dtype], device, args.page_size, context, mem)
     ps, tp, concurrency = args.page_size, args.tp_size, args.max_running_requests
     workload_pages = workload.pages(concurrency, ps)
     pages = args.max_total_tokens // ps if args.max_total_tokens is not None else workload_pages  # as plan_num_pages
@@ -140,6 +146,16 @@ def estimate(args: ServerArgs, workload: Workload, mem_bytes: int | None = None)
         reusable_prefix_tokens=workload.reusable_prefix_tokens,
         host_tier_bytes=math.ceil(workload.reusable_prefix_tokens / ps) * ps * b.bytes_per_token,  # whole pages
     )
+
+
+def checkpoint_dir(model_path: str) -> Path:
+    """The directory config.json and the tokenizer are read from: model_path, or a GGUF file's sidecar."""
+    return ensure_sidecar(model_path) if is_gguf_file(model_path) else Path(model_path)
+
+
+def tensor_meta(model_dir: Path) -> dict[str, TensorMeta]:
+    """The checkpoint's tensors by name: safetensors headers, or a GGUF sidecar's file header."""
+    return gguf_tensor_meta(model_dir) if gguf_source(model_dir) is not None else checkpoint_tensors(model_dir)
 
 
 def kv_dtype_row(sizer: Sizer, tp_size: int, kv_dtype: str, concurrency: int, workload: Workload) -> KVDtypeRow:
@@ -235,7 +251,7 @@ def main(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     try:
         args = ServerArgs(**{name: getattr(ns, name) for name in SIZING_FIELDS})
-        avg = ns.avg_seq_len if ns.trace is None else trace_avg_seq_len(ns.trace, args.model_path)
+        avg = ns.avg_seq_len if ns.trace is None else trace_avg_seq_len(ns.trace, str(checkpoint_dir(args.model_path)))
         mem = round(ns.mem_gb * GIB) if ns.mem_gb is not None else None
         e = estimate(args, Workload(avg, ns.reusable_prefix_tokens), mem)
     except (ValueError, OSError) as err:

@@ -31,6 +31,7 @@ import torch
 from radixrt.config_views import TierConfig
 from radixrt.kernels import PagedKVCache
 from radixrt.messages import DISK_PAGE_GLOB, DiskFaults, KVMove, MoveKind, MoveTime
+from radixrt.utils.gguf_sidecar import gguf_source
 from radixrt.worker.disk_tier import DiskTier, PageFiles
 from radixrt.worker.kv_pool import available_host_bytes
 
@@ -45,12 +46,19 @@ def digest_memo_dir(tiers: TierConfig) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "radixrt"
 
 
+def weight_files(root: Path) -> list[Path]:
+    """The files the weights are read from: the checkpoint's safetensors, or the GGUF file a
+    sidecar directory names (two quantizations of one model share config.json, not this)."""
+    source = gguf_source(root)
+    return [Path(source.path)] if source is not None else sorted(root.glob("*.safetensors"))
+
+
 def weights_fingerprint(
     tiers: TierConfig, dtype: torch.dtype, fp8_scales: list[float] | None = None, model_path: str | None = None
 ) -> str:
     """What makes KV reusable across runs: the weights' whole content (config.json and a digest of
-    each safetensors file; where the files live does not matter), the dtypes, the page size, the
-    tensor-parallel split and an fp8 pool's per-layer scales (stored bytes mean nothing without them).
+    each of weight_files; where the files live does not matter), the dtypes, the weights' quantization
+    at load, the page size, the tensor-parallel split and an fp8 pool's per-layer scales (stored bytes mean nothing without them).
     model_path: the checkpoint (default tiers.model_path; a weight update names the new one). File
     digests are remembered by path, size and mtime (digest_memo_dir), so a restart does not rehash
     gigabytes."""
@@ -65,7 +73,7 @@ def weights_fingerprint(
     except ValueError:  # a digests file cut short or garbled: rewritten below
         memo = {}
     h = hashlib.sha256((root / "config.json").read_bytes())
-    for f in sorted(root.glob("*.safetensors")):
+    for f in weight_files(root):
         st = f.stat()
         stamp = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
         if stamp not in memo:
@@ -83,6 +91,8 @@ def weights_fingerprint(
         except OSError as e:  # the digests are only a shortcut; prepare_disk_dir checks hicache_dir itself
             logger.warning("cannot keep weight digests in %s: %s", memo_path.parent, e)
     h.update(json.dumps([str(dtype), tiers.kv_cache_dtype, tiers.page_size, tiers.tp_size]).encode())
+    if tiers.quantization not in (None, "gguf") or tiers.torchao_config:  # int8 weights make other KV
+        h.update(json.dumps([tiers.quantization, tiers.torchao_config]).encode())
     if fp8_scales is not None:
         h.update(json.dumps(fp8_scales).encode())
     return h.hexdigest()[:20]

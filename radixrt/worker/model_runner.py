@@ -91,7 +91,7 @@ class ModelRunner:
         torch.manual_seed(args.random_seed)  # unseeded sampling draws from this
         self.model_path = args.model_path  # the checkpoint now loaded (a weight update changes it)
         self.cfg, self.dtype, self.context_length = model_shape(args, device)
-        self.model, self.matmul, self.packing = load_for_serving(args, self.cfg, self.dtype, device, self.ranks)
+        self.model, self.matmul, self.packing, self.quant = load_for_serving(args, self.cfg, self.dtype, device, self.ranks)
         self.cache, self.bytes_per_token = build_kv_pool(args, self.cfg, self.dtype, device, self.ranks,
                                                          self.context_length)
         self.backend_name = args.attention_backend or default_attention_backend(device.type)
@@ -152,6 +152,9 @@ class ModelRunner:
         runs again (fp8 scales refit to the new weights); whatever fails on any rank rolls every
         rank back to the weights it had, and the reply says why."""
         why = incompatibility(self.model_path, model_path)  # the headers first: nothing is read on a misfit
+        if self.quant.scheme != "none":
+            why = (f"the weights are served quantized ({self.quant.scheme}); radixrt does not update quantized "
+                   "weights in place: restart the server on the new checkpoint")
         if (failed := self.ranks.first_failed(why is not None)) is not None:
             return WeightsLoaded(False, why or f"rank {failed} refused {model_path}; see its log")
         why = _try(lambda: self._reload(model_path), f"loading {model_path}")
@@ -220,6 +223,8 @@ class ModelRunner:
             matmul_dtype_reason=self.matmul.reason,
             weight_packing="onednn" if self.packing.packed else "none",
             weight_packing_reason=self.packing.reason,
+            weight_quantization=self.quant.scheme,
+            weight_quantization_reason=self.quant.reason,
         )
 
     @torch.inference_mode()

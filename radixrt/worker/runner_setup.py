@@ -15,6 +15,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +24,7 @@ from radixrt.config_views import PoolConfig, TierConfig
 from radixrt.kernels import AttentionBackend, PagedKVCache, create_attention_backend
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
 from radixrt.models import ModelConfig, load_model
+from radixrt.models.checkpoint_quant import weight_scheme
 from radixrt.models.cpu_matmul import (
     MatmulChoice,
     PackingChoice,
@@ -32,8 +34,16 @@ from radixrt.models.cpu_matmul import (
     pack_linear_weights,
 )
 from radixrt.models.dtype import resolve_dtype
+from radixrt.models.int8_linear import (
+    CANDIDATES,
+    SPLIT_ROWS,
+    Int8Choice,
+    choose_int8_kernel,
+)
 from radixrt.models.llama import rank_heads
 from radixrt.models.parallel import TPGroup
+from radixrt.models.weight_quant import use_int8_kernel
+from radixrt.quant_settings import WeightScheme
 from radixrt.worker.cuda_graph import DecodeGraphRunner, capture_sizes
 from radixrt.worker.kv_calibration import (
     PrecisionReport,
@@ -101,9 +111,11 @@ def model_shape(args: ServerArgs, device: torch.device) -> tuple[ModelConfig, to
 
 
 def load_for_serving(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-                     ranks: Ranks) -> tuple[torch.nn.Module, MatmulChoice, PackingChoice]:
-    """The model, with its linear layers held and packed as the ranks agreed to compute them."""
-    model = load_model(args.model_path, cfg, dtype, device, ranks.tp)
+                     ranks: Ranks) -> tuple[torch.nn.Module, MatmulChoice, PackingChoice, QuantChoice]:
+    """The model, with its linear layers quantized, held and packed as the ranks agreed to compute them."""
+    scheme = weight_scheme(args.quantization, args.torchao_config, cfg.raw.get("quantization_config"))
+    model = load_model(args.model_path, cfg, dtype, device, ranks.tp, scheme)
+    quant = quantized_kernels(model, scheme, dtype, device, ranks)
     matmul = ranks.matmul(choose_matmul_dtype(dtype, device, args.cpu_matmul_dtype))
     logger.info("linear layers compute in %s: %s", matmul.dtype, matmul.reason)
     if matmul.dtype != dtype:
@@ -113,7 +125,32 @@ def load_for_serving(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, dev
                 else "through torch's F.linear", packing.reason)
     if packing.packed:
         pack_linear_weights(model)
-    return model, matmul, packing
+    return model, matmul, packing, quant
+
+
+@dataclass(frozen=True)
+class QuantChoice:
+    scheme: str  # WeightScheme.name: "none", "w8a8_int8", "int8wo" or "fp8"
+    reason: str  # where the scheme came from and, for int8, which kernel and why
+
+
+def quantized_kernels(model: torch.nn.Module, scheme: WeightScheme, dtype: torch.dtype, device: torch.device,
+                      ranks: Ranks) -> QuantChoice:
+    """Give an int8 model's layers the kernel rank 0 measured fastest (every rank multiplies alike)."""
+    if not scheme.int8:
+        reason = scheme.source if scheme.name == "none" else f"{scheme.source}: dequantized to {dtype} at load"
+        return QuantChoice(scheme.name, reason)
+    choice = choose_int8_kernel(scheme.name, dtype, device)
+    names = CANDIDATES[scheme.name]
+    small, large = (names[i] for i in ranks.share([names.index(choice.kernel), names.index(choice.large or choice.kernel)]))
+    if (small, large) != (choice.kernel, choice.large or choice.kernel):
+        choice = Int8Choice(scheme.name, small, f"rank 0's choice ({choice.reason} here)", large)
+    picked = small if large == small else f"{small} up to {SPLIT_ROWS} rows, {large} above"
+    layers = use_int8_kernel(model, choice)
+    moe = " (MoE experts stay in the model's dtype)" if getattr(model.cfg, "moe", None) is not None else ""
+    reason = f"{scheme.source}; {layers} linear layers int8 but lm_head{moe}; kernel {picked}: {choice.reason}"
+    logger.info("weights: %s", reason)
+    return QuantChoice(scheme.name, reason)
 
 
 def build_kv_pool(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, ranks: Ranks,

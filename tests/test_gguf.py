@@ -1,0 +1,241 @@
+"""GGUF checkpoints: `--model-path model.gguf` serves the file's weights dequantized, with the
+tokenizer and chat template of its metadata, as transformers reads the same file; other
+architectures and mismatched flags are refused by name; the sidecar directory is built once
+per file (path, size, mtime) and safely under concurrent starts.
+
+The model is SmolLM2-135M-Instruct's Q4_1 GGUF (tests/conftest.py `smollm2`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import threading
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from make_smollm2 import (  # scripts/, on sys.path (conftest)
+    REFERENCE_MESSAGES,
+    REFERENCE_NEW_TOKENS,
+    REFERENCE_PROMPT,
+)
+
+import radixrt
+from radixrt.config import ServerArgs
+from radixrt.errors import RequestError
+from radixrt.frontend.weights import check_update_options
+from radixrt.model_source import resolve_model_source, resolve_update_path
+from radixrt.ops.estimate import tensor_meta
+from radixrt.utils import gguf_sidecar
+from radixrt.utils.checkpoint_meta import checkpoint_tensors
+from radixrt.utils.gguf_sidecar import (
+    MARKER,
+    GgufSource,
+    ensure_sidecar,
+    gguf_source,
+    sidecar_dir,
+)
+from radixrt.worker.kv_tiers import weight_files
+
+PROMPT, MESSAGES, MAX_NEW = REFERENCE_PROMPT, REFERENCE_MESSAGES, REFERENCE_NEW_TOKENS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gguf_cache(tmp_path_factory) -> Path:
+    """Sidecars of this module go to a fresh cache, shared by its tests (built once)."""
+    root = tmp_path_factory.mktemp("gguf-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RADIXRT_GGUF_CACHE", str(root))
+        yield root
+
+
+def write_gguf(path: Path, arch: str, **metadata: int) -> Path:
+    """A tiny GGUF file of architecture arch: a couple of float32 tensors and the metadata given."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    for key, value in metadata.items():
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.add_tensor("output_norm.weight", np.ones(8, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_greedy_tokens_equal_transformers_on_the_same_gguf(smollm2):
+    """transformers' greedy tokens on this GGUF in float32 were recorded when the fixture loaded it
+    to convert it (scripts/make_smollm2.py): loading it again would cost this test tens of seconds."""
+    reference = smollm2.gguf_reference
+    prompts, outputs = reference["prompts"], reference["greedy"]
+    with radixrt.Engine(model_path=str(smollm2.gguf), dtype="float32", max_total_tokens=1024,
+                        max_running_requests=4) as engine:
+        chat = engine.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                                    return_dict=False)
+        assert list(chat) == prompts[1]  # the GGUF's own chat template, as the chat API renders it
+        assert "<|im_start|>assistant" in engine.tokenizer.decode(chat)
+        greedy = {"temperature": 0, "max_new_tokens": MAX_NEW}
+        plain = engine.generate(PROMPT, greedy)
+        chatted = engine.generate(input_ids=list(chat), sampling_params=greedy)
+        assert engine.tokenizer(PROMPT)["input_ids"] == prompts[0]
+        assert [plain["output_ids"], chatted["output_ids"]] == outputs
+        assert "Paris" in chatted["text"]
+        assert engine.get_model_info()["model_path"] == str(smollm2.gguf)  # what the user typed
+
+
+def test_an_unsupported_architecture_is_refused_by_name(tmp_path):
+    for name in ("mamba.gguf", "mamba.bin"):  # by suffix, and by the magic bytes alone
+        file = write_gguf(tmp_path / name, "mamba", context_length=16, embedding_length=8)
+        with pytest.raises(ValueError, match=r"holds a 'mamba' model \(general.architecture\); radixrt serves"):
+            resolve_model_source(ServerArgs(model_path=str(file)))
+    mixtral = write_gguf(tmp_path / "mixtral.gguf", "llama", expert_count=8, expert_used_count=2)
+    with pytest.raises(ValueError, match="a llama with 8 experts"):
+        resolve_model_source(ServerArgs(model_path=str(mixtral)))
+    assert not list(Path(os.environ["RADIXRT_GGUF_CACHE"]).glob("mamba*"))  # nothing built
+
+
+def test_load_format_and_quantization_mismatches_are_refused(smollm2, llama_path):
+    gguf_file, folder = str(smollm2.gguf), str(llama_path)
+    with pytest.raises(ValueError, match="is a GGUF file, and load_format safetensors reads safetensors"):
+        resolve_model_source(ServerArgs(model_path=gguf_file, load_format="safetensors"))
+    with pytest.raises(ValueError, match=f"load_format gguf reads a GGUF file .*; model_path '{re.escape(folder)}' is not"):
+        resolve_model_source(ServerArgs(model_path=folder, load_format="gguf"))
+    with pytest.raises(ValueError, match=f"quantization gguf serves a GGUF file .*; model_path '{re.escape(folder)}' is"):
+        resolve_model_source(ServerArgs(model_path=folder, quantization="gguf"))
+    resolved = resolve_model_source(ServerArgs(model_path=gguf_file, load_format="gguf", quantization="gguf"))
+    assert (resolved.load_format, resolved.quantization) == ("gguf", "gguf")
+    assert gguf_source(resolved.model_path).path == str(smollm2.gguf.resolve())
+    # weight updates read safetensors headers: to or from a GGUF model, refused naming it
+    with pytest.raises(RequestError, match="is a GGUF file: a GGUF model is served from the start only"):
+        resolve_update_path(ServerArgs(model_path=folder), gguf_file)
+    for served in (ServerArgs(model_path=gguf_file), resolved):
+        with pytest.raises(RequestError, match="this server serves the GGUF file"):
+            resolve_update_path(served, folder)
+    with pytest.raises(RequestError, match="a GGUF model is served from the start only"):
+        check_update_options(load_format="gguf")
+
+
+def test_the_sidecar_is_reused_and_keyed_by_the_file(smollm2, tmp_path, monkeypatch):
+    first = ensure_sidecar(smollm2.gguf)  # built by the parity test already, or now
+    assert {p.name for p in first.iterdir()} >= {"config.json", "tokenizer.json", "chat_template.jinja", MARKER}
+    assert not (first / "model.safetensors").exists()  # no weights copied
+
+    def no_build(*_):
+        raise AssertionError("a sidecar was rebuilt")
+
+    monkeypatch.setattr(gguf_sidecar, "_write_sidecar", no_build)
+    assert resolve_model_source(ServerArgs(model_path=str(smollm2.gguf))).model_path == str(first)
+    assert ensure_sidecar(smollm2.gguf) == first
+    # keyed by path, size and mtime: a rewritten file gets a new sidecar, and an old one refuses to load it
+    file = write_gguf(tmp_path / "tiny.gguf", "llama")
+    before, key = GgufSource.of(file, "llama"), sidecar_dir(file)
+    assert sidecar_dir(file) == key
+    os.utime(file, ns=(before.mtime_ns, before.mtime_ns + 1))
+    touched = sidecar_dir(file)
+    with open(file, "ab") as f:
+        f.write(b"\0" * 32)
+    os.utime(file, ns=(before.mtime_ns, before.mtime_ns + 1))  # the same mtime, another size
+    assert len({key, touched, sidecar_dir(file)}) == 3
+    with pytest.raises(ValueError, match="changed after its config and tokenizer were read"):
+        before.check_unchanged()
+
+
+def test_concurrent_starts_build_one_sidecar(tmp_path, monkeypatch):
+    file = write_gguf(tmp_path / "tiny.gguf", "llama")
+    both_writing = threading.Barrier(2)
+
+    def slow_write(gguf_file: Path, architecture: str, out: Path) -> None:
+        (out / "config.json").write_text("{}")
+        both_writing.wait(timeout=10)  # each start has a half-built directory of its own
+        (out / MARKER).write_text(f'{{"path": "{gguf_file}", "architecture": "{architecture}", "size": 0, '
+                                  '"mtime_ns": 0}')
+
+    monkeypatch.setattr(gguf_sidecar, "_write_sidecar", slow_write)
+    found: list[Path] = []
+    starts = [threading.Thread(target=lambda: found.append(ensure_sidecar(file))) for _ in range(2)]
+    for t in starts:
+        t.start()
+    for t in starts:
+        t.join()
+    assert found == [sidecar_dir(file)] * 2
+    assert sorted(p.name for p in found[0].parent.iterdir() if p.name.startswith(".")) == []  # no temp dir left
+
+
+# one tiny model per served GGUF architecture: (model_type, config fields beyond SMALL)
+FAMILIES = {
+    "llama": ("llama", {}), "qwen2": ("qwen2", {}), "qwen3": ("qwen3", {}), "phi3": ("phi3", {}),
+    "qwen3moe": ("qwen3_moe", {"moe_intermediate_size": 8, "num_experts": 4, "num_experts_per_tok": 2}),
+    "gemma2": ("gemma2", {}), "gemma3": ("gemma3_text", {}),
+}
+SMALL = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64, "pad_token_id": 0, "bos_token_id": 1,
+         "eos_token_id": 2, "tie_word_embeddings": False}
+
+
+def tiny_gguf_sidecar(tmp_path: Path, arch: str) -> Path:
+    """A tiny random GGUF file of arch (llama.cpp's tensor names and layouts), and a sidecar
+    directory naming it with the config it was written from."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from radixrt.models.gguf_checkpoint import _processor, hf_names
+
+    model_type, extra = FAMILIES[arch]
+    config = {**AutoConfig.for_model(model_type, **SMALL, **extra).to_dict(), "dtype": "float32"}
+    with torch.device("meta"):
+        shapes = {n: p.shape for n, p in AutoModelForCausalLM.from_config(AutoConfig.for_model(**config)).state_dict().items()}
+    names = hf_names(config, arch, _processor(arch, config))
+    config["tie_word_embeddings"] = "output.weight" not in names  # as transformers reads a file (Gemma: always tied)
+    parts = {hf: sum(target == hf for target in names.values()) for hf in names.values()}  # gate and up experts: 2
+    w = gguf.GGUFWriter(str(tmp_path / f"{arch}.gguf"), arch)
+    w.add_head_count(SMALL["num_attention_heads"])  # what transformers' llama processor reads to undo the permutation
+    w.add_head_count_kv(SMALL["num_key_value_heads"])
+    rng = np.random.default_rng(0)
+    for gguf_name, hf in names.items():
+        shape = list(shapes[hf])
+        shape[min(1, len(shape) - 1)] //= parts[hf]
+        name = gguf_name if gguf_name.endswith((".weight", ".bias")) else gguf_name + ".weight"
+        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32 if len(shape) == 1 else np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    sidecar = tmp_path / f"{arch}-sidecar"
+    sidecar.mkdir()
+    (sidecar / "config.json").write_text(json.dumps(config))
+    source = GgufSource.of(tmp_path / f"{arch}.gguf", arch)
+    (sidecar / MARKER).write_text(json.dumps(dataclasses.asdict(source)))
+    return sidecar
+
+
+@pytest.mark.parametrize("arch", sorted(FAMILIES))
+def test_every_served_family_reads_as_transformers_reads_it(arch, tmp_path):
+    """Each served architecture's GGUF tensors come out under transformers' names with its values
+    (its q/k un-permutation, norm offsets, merged experts), and fill radixrt's model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from radixrt.models.config import ModelConfig
+    from radixrt.models.gguf_checkpoint import iter_gguf
+    from radixrt.models.registry import load_model
+
+    sidecar = tiny_gguf_sidecar(tmp_path, arch)
+    ours = dict(iter_gguf(sidecar))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sidecar))
+    theirs = load_gguf_checkpoint(gguf_source(sidecar).path, return_tensors=True, model_to_load=model)["tensors"]
+    assert sorted(ours) == sorted(theirs)
+    assert all(torch.equal(ours[n], theirs[n]) for n in ours)
+    load_model(sidecar, ModelConfig.from_dir(sidecar), torch.float32, torch.device("cpu"))  # every parameter set
+
+
+def test_estimate_and_kv_fingerprint_read_the_gguf_file(smollm2):
+    sidecar = ensure_sidecar(smollm2.gguf)
+    gguf_meta, converted = tensor_meta(sidecar), checkpoint_tensors(smollm2.hf_dir)  # the same model as safetensors
+    assert {n: m.shape for n, m in gguf_meta.items()} == {n: m.shape for n, m in converted.items()}
+    assert weight_files(sidecar) == [smollm2.gguf.resolve()]  # the disk KV tier is named by the GGUF's bytes
