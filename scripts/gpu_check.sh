@@ -50,7 +50,9 @@ DEVICE_WHEELS=${DEVICE_WHEELS:-"flashinfer-python apache-tvm-ffi msgspec pyzmq f
 # What the image has (the device's package list, read 2026-11-17), of what radixrt and flashinfer import.
 IMAGE_PACKAGES="torch transformers tokenizers safetensors requests tqdm uvloop sortedcontainers numpy prometheus-client
   pytest einops ninja nvidia-ml-py tabulate click packaging typing-extensions h11 setuptools wheel"
-LAZY_PACKAGES="xgrammar"  # imported only by grammar-constrained requests, which the CUDA run sends none of
+# imported only by grammar-constrained requests (xgrammar), GGUF models (gguf) and compressed-tensors
+# checkpoints (compressed-tensors), of which the CUDA run sends or loads none
+LAZY_PACKAGES="xgrammar gguf compressed-tensors"
 CUDA_MARK=${CUDA_MARK:-cuda}                   # pytest -m: the tests that need the GPU
 REQUIRED_CUDA_TESTS=${REQUIRED_CUDA_TESTS:-"fp8 tensor_core graph"}  # each must name one of the selected tests
 # The attention shapes the run plans, one a line: heads/kv_heads/head_dim q_dtype kv_dtype kinds

@@ -49,6 +49,7 @@ def iter_gguf(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
     source, config = _source_and_config(model_dir)
     header = _header_reader().from_file(source.path)
     processor = _processor(source.architecture, config)
+    process_tensor = processor.process  # transformers' TensorProcessor (not a scheduler's process())
     names = hf_names(config, source.architecture, processor)
     blob = np.memmap(source.path, mode="r", dtype=np.uint8)
     parsed: dict[str, dict[str, torch.Tensor]] = {"tensors": {}}  # where processors leave merged tensors
@@ -60,7 +61,7 @@ def iter_gguf(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         start = header.data_start + info.offset
         raw = blob[start : start + info.nbytes].reshape(gguf.quant_shape_to_byte_shape(info.shape, qtype))
         values = gguf.dequantize(raw, qtype)  # float32, info.shape
-        result = processor.process(weights=values, name=info.name, tensor_key_mapping=names, parsed_parameters=parsed)
+        result = process_tensor(weights=values, name=info.name, tensor_key_mapping=names, parsed_parameters=parsed)
         if result.name is None:  # merged into parsed["tensors"] by the processor
             target = _target(names, info.name)
             fed[target] += 1

@@ -40,14 +40,16 @@ class DraftModel:
     def __init__(self, args: ServerArgs, target: ModelConfig, target_pool: PagedKVCache, backend: str,
                  device: torch.device, ranks: Ranks) -> None:
         path = args.speculative.draft_model_path
-        draft_args = dataclasses.replace(args, model_path=path, tokenizer_path=None, context_length=None)
+        # the draft runs unquantized (speculative_draft_model_quantization is refused), whatever the target's weights
+        draft_args = dataclasses.replace(args, model_path=path, tokenizer_path=None, context_length=None,
+                                         quantization=None, torchao_config="", load_format="auto")
         self.cfg, dtype, context = model_shape(draft_args, device)
         if self.cfg.vocab_size != target.vocab_size:
             raise ValueError(f"the draft model {path} has a vocabulary of {self.cfg.vocab_size} tokens, the target "
                              f"{target.vocab_size}: STANDALONE needs a draft that shares the target's tokenizer")
         if context < (args.context_length or target.max_position_embeddings):
             raise ValueError(f"the draft model {path} holds {context} positions, fewer than the target's context")
-        self.model, _, _ = load_for_serving(draft_args, self.cfg, dtype, device, ranks)
+        self.model, _, _, _ = load_for_serving(draft_args, self.cfg, dtype, device, ranks)
         _, _, _, kv_heads = rank_heads(self.cfg, ranks.tp)
         # one draft page per target page, under the same ids
         self.pool = PagedKVCache(self.cfg.num_layers, target_pool.num_pages, target_pool.page_size, kv_heads,

@@ -154,7 +154,7 @@ def make_meta_runner(model_path, monkeypatch, **args):
     monkeypatch.setattr(fb, "DEVICE_TYPES", ("cuda", "meta"))
     monkeypatch.setattr(runner_setup, "resolve_device", lambda name: DEVICE)
 
-    def meta_model(path, cfg, dtype, device, tp):  # the shapes alone: meta tensors hold no weights
+    def meta_model(path, cfg, dtype, device, tp, scheme):  # the shapes alone: meta tensors hold no weights
         with torch.device(device):
             return MODEL_FAMILIES[cfg.model_type](cfg, tp).to(dtype=dtype).eval()
 
