@@ -14,8 +14,9 @@ implemented yet, or the KV start-up check refusing the pool) and the run goes on
     JSON parses as an object, a text reply ends on its own before max_new_tokens);
   * request latency (mean, P95: meta_info e2e_latency, every item submitted at once in one generate call,
     so it includes queueing), output tok/s (completion tokens / the call's wall time);
-  * memory: the peak RSS (VmHWM) of the engine's processes summed, and the engine's own figures
-    (worker RSS peak, KV pool and weight bytes, CUDA peak);
+  * memory: the peak RSS (VmHWM) of the engine's processes summed, read after the generate call (start-up and
+    serving; the logprob runs after it would dominate it with full-vocabulary prompt logits), and the engine's
+    own figures (worker RSS peak, KV pool and weight bytes, CUDA peak);
   * perplexity of held-out stdlib text (prompt logprobs, logprob_start_len=0);
   * against bf16 + auto (always run first, as the reference): bf16's greedy replies are teacher-forced
     through this combination (prompt + reply as input_ids, prompt logprobs from the reply's first token,
@@ -140,12 +141,12 @@ def _status_bytes(pid: int, field: str) -> int:
 
 
 def memory(engine: Any) -> dict[str, int]:
-    """The engine processes' peak RSS (VmHWM summed: an upper bound on their joint peak; it includes start-up
-    transients such as the KV check's reference pool) and RSS at the end of the run, and the engine's figures."""
+    """The engine processes' peak RSS so far (VmHWM summed: an upper bound on their joint peak; it includes start-up
+    transients such as the KV check's reference pool) and their RSS now, and the engine's own figures."""
     info = engine.get_server_info()
     keys = ("worker_rss_peak_bytes", "worker_rss_bytes", "kv_pool_bytes", "weight_bytes", "device_memory_peak_bytes")
     return {"engine_rss_peak_bytes": sum(_status_bytes(p, "VmHWM") for p in engine.pids),
-            "engine_rss_end_bytes": sum(_status_bytes(p, "VmRSS") for p in engine.pids), **{k: info.get(k) for k in keys}}
+            "engine_rss_now_bytes": sum(_status_bytes(p, "VmRSS") for p in engine.pids), **{k: info.get(k) for k in keys}}
 
 
 def grade(items: list[qs.Item], replies: list[Reply]) -> dict[str, Any]:
@@ -183,13 +184,14 @@ def run_combo(combo: Combo, data: dict[str, Any], extra: dict[str, Any], ref: di
         engine.generate(input_ids=data["prompts"][:4], sampling_params={"temperature": 0, "max_new_tokens": 8})  # warm-up
         replies, wall = generate(engine, data["items"], data["prompts"])
         row |= grade(data["items"], replies) | speed(replies, wall)
+        # NOTE: before the logprob runs: their full-vocabulary prompt logits (chunk x 49,152 floats) would set the peak
+        row["memory"] = memory(engine)
         t = time.perf_counter()
         ref_ids = [r.output_ids for r in (ref or {"replies": replies})["replies"]]
         forced = teacher_force(engine, data["prompts"], ref_ids)
         row["perplexity"] = perplexity(engine, data["passages"])
         row["logprob_s"] = time.perf_counter() - t
         row["vs_reference"] = compare(forced, ref["forced"] if ref else forced, ref_ids)
-        row["memory"] = memory(engine)
         row["_replies"], row["_forced"] = replies, forced
     except Exception as e:  # noqa: BLE001 (a combination that dies mid-run is reported, not fatal)
         row["status"] = f"failed: {type(e).__name__}: {e}"
@@ -298,7 +300,8 @@ def _select(names: str, known: tuple[str, ...]) -> list[str]:
 def save(name: str, data: dict[str, Any], extra: dict[str, Any], rows: dict[str, dict[str, Any]]) -> None:
     """Merge rows into bench/results/NAME.json (other combinations keep their earlier figures) and redraw NAME.png."""
     path = RESULTS / f"{name}.json"
-    merged = json.loads(path.read_text()).get("combinations", {}) if path.exists() else {}
+    old = json.loads(path.read_text()) if path.exists() else {}
+    merged = old.get("combinations") or old.get("results") or {}  # "results": a hand-assembled earlier file
     merged |= {k: {f: v for f, v in r.items() if not f.startswith("_")} for k, r in rows.items()}
     workload = (f"bench/data/quant_quality_set.json ({data['counts']}), greedy, one generate call per combination; "
                 f"{len(data['passages'])} held-out passages of <= {PASSAGE_TOKENS} tokens for perplexity")
