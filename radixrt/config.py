@@ -14,6 +14,7 @@ from typing import Any
 from radixrt.quant_settings import check_quantization_args
 from radixrt.retention.policies import wants_mass
 from radixrt.retention.settings import Retention, server_settings
+from radixrt.scheduling_settings import TIMEOUT_ENV, check_scheduling_args, env_timeout, load_api_keys
 from radixrt.speculative.settings import SpecSettings, spec_settings
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -118,9 +119,55 @@ class ServerArgs:
     mem_fraction_static: float | None = _arg(
         None, "fraction of device memory for weights + KV pool (default 0.88 on CUDA, 0.3 of available RAM on CPU)"
     )
-    chunked_prefill_size: int = _arg(4096, "maximum prompt tokens prefilled per step; -1 disables chunking")
+    chunked_prefill_size: int = _arg(
+        4096, "the most prompt tokens one request prefills in a step (a longer prompt runs in chunks of this many); "
+        "-1 disables chunking"
+    )
+    max_prefill_tokens: int = _arg(
+        16384, "the most prompt tokens prefilled in one step, all requests together (SGLang's per-batch budget)"
+    )
+    max_decode_slowdown: float = _arg(
+        1.5, "while requests decode, a step's prefill tokens are cut so that the step is predicted (from measured "
+        "step times) to take at most this many times a decode-only step: long prompts cannot stall the decodes, "
+        "at the cost of their own TTFT; 0: off (a step prefills up to max_prefill_tokens)"
+    )
     max_running_requests: int = _arg(256, "maximum requests in the running batch")
-    schedule_policy: str = _arg("lpm", "admission order: lpm (longest cached prefix first) or fcfs")
+    schedule_policy: str = _arg(
+        "lpm", "admission order within a priority level and a tenant's share: lpm (longest cached prefix first) or fcfs"
+    )
+    enable_priority_scheduling: bool = _arg(
+        False, "admit waiting requests by their priority field first (larger is more important; a request without "
+        "one is the least important), then by schedule_policy; see priority_scheduling_preemption_threshold"
+    )
+    schedule_low_priority_values_first: bool = _arg(False, "with priority scheduling, smaller priority values go first")
+    priority_scheduling_preemption_threshold: int = _arg(
+        10, "with priority scheduling, a waiting request whose priority exceeds a running one's by more than this "
+        "preempts it (by preemption_mode) when no slot or pages are free"
+    )
+    abort_on_priority_when_disabled: bool = _arg(
+        False, "without priority scheduling, answer a request that sets priority with a 503 (else it is ignored)"
+    )
+    max_queued_requests: int | None = _arg(
+        None, "the most requests waiting to run; a new one beyond it gets a 503 (with priority scheduling, the "
+        "least important waiting request gets it instead when the new one outranks it)"
+    )
+    req_waiting_timeout: float | None = _arg(
+        None, "seconds a request may wait before it first runs; then it ends with a 503 (default: "
+        "SGLANG_REQ_WAITING_TIMEOUT, else none)"
+    )
+    req_running_timeout: float | None = _arg(
+        None, "seconds a request may run from its first step; then it ends with a 503 (default: "
+        "SGLANG_REQ_RUNNING_TIMEOUT, else none)"
+    )
+    api_keys_file: str | None = _arg(
+        None, 'JSON {"<key>": {"tenant": NAME, "weight": 1.0, "kv_quota": FRACTION, "share_cache": false}}: each '
+        "key is accepted as api_key is and names its tenant (fair share by weight, KV quota, a cache of its own "
+        "unless share_cache); without it a request's tenant is its cache_salt"
+    )
+    tenant_kv_quota: float = _arg(
+        1.0, "the cached KV pages one tenant may hold before its pages are evicted first, as a fraction of the "
+        "device pool (a keys file's kv_quota overrides it per tenant); pins past it are refused; 1: no quota"
+    )
     radix_eviction_policy: str = _arg(
         "lru", "the order cached KV pages leave the device pool and the host and disk tiers (always leaves first): "
         "lru (least recently used), lfu (fewest hits, then least recently used) or cost (hits weighted by what the "
@@ -153,6 +200,21 @@ class ServerArgs:
     )
     enable_metrics: bool = _arg(False, "accepted for SGLang compatibility: /metrics is always on")
     dp_size: int = _arg(1, "data-parallel server replicas behind sglang_router (cache_aware) on the public port")
+    # The router's own names (sglang_router.launch_server spells them --router-*). Only the absolute
+    # balance floor differs from sglang_router's default (64): see docs/architecture.md, data parallelism.
+    router_cache_threshold: float = _arg(
+        0.3, "with dp_size > 1: a request goes to the replica whose routed text shares the longest prefix with it "
+        "when that prefix is more than this fraction of its text; otherwise (a cache miss) to the least loaded one"
+    )
+    router_balance_abs_threshold: int = _arg(
+        2, "with dp_size > 1: the replicas count as imbalanced, and a request goes to the least loaded one whatever "
+        "its prefix, when the busiest has more than this many requests in flight over the idlest (and "
+        "router_balance_rel_threshold holds too); sglang_router's default is 64"
+    )
+    router_balance_rel_threshold: float = _arg(
+        1.5, "with dp_size > 1: imbalanced also needs the busiest replica's requests in flight to exceed this "
+        "multiple of the idlest's (>= 1)"
+    )
     attention_backend: str | None = _arg(
         None, "attention kernel: flashinfer (default on CUDA) or torch (default on CPU; SGLang's name torch_native too)"
     )
@@ -312,6 +374,7 @@ class ServerArgs:
         self._check_http_limits()
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
+        self._check_scheduling()
         if self.radix_eviction_policy not in ("lru", "lfu", "cost"):
             raise ValueError(f"radix_eviction_policy must be lru, lfu or cost, got {self.radix_eviction_policy!r}")
         if self.hicache_write_policy not in ("write_through", "write_through_selective", "write_back"):
@@ -345,6 +408,12 @@ class ServerArgs:
             raise ValueError(f"nnodes must be >= 1, got {self.nnodes}")
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if not 0 <= self.router_cache_threshold <= 1:
+            raise ValueError(f"router_cache_threshold must be in [0, 1], got {self.router_cache_threshold}")
+        if self.router_balance_abs_threshold < 0:
+            raise ValueError(f"router_balance_abs_threshold must be >= 0, got {self.router_balance_abs_threshold}")
+        if self.router_balance_rel_threshold < 1:
+            raise ValueError(f"router_balance_rel_threshold must be >= 1, got {self.router_balance_rel_threshold}")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
         if self.tp_size % self.nnodes:
@@ -395,6 +464,16 @@ class ServerArgs:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.quality_spot_check_queue < 1:
             raise ValueError(f"quality_spot_check_queue must be >= 1, got {self.quality_spot_check_queue}")
+
+    def _check_scheduling(self) -> None:
+        for flag in TIMEOUT_ENV:  # the flag wins over SGLang's environment variable
+            if getattr(self, flag) is None:
+                object.__setattr__(self, flag, env_timeout(flag))
+        check_scheduling_args(self.priority_scheduling_preemption_threshold, self.max_queued_requests,
+                              {flag: getattr(self, flag) for flag in TIMEOUT_ENV}, self.tenant_kv_quota,
+                              self.max_prefill_tokens, self.max_decode_slowdown)
+        if self.api_keys_file is not None:
+            load_api_keys(self.api_keys_file)  # ValueError naming the file and the key
 
     def _check_retention(self) -> None:
         settings = self.retention  # ValueError naming the flag

@@ -72,6 +72,7 @@ class HttpConfig(ConfigView):
     host: str
     api_key: str | None
     admin_api_key: str | None
+    api_keys_file: str | None
     allowed_hosts: str | None
     max_request_bytes: int
     max_n: int
@@ -85,7 +86,18 @@ class SchedulerConfig(ConfigView):
 
     max_running_requests: int
     prefill_chunk: int
+    max_prefill_tokens: int
+    max_decode_slowdown: float
     schedule_policy: str
+    enable_priority_scheduling: bool
+    schedule_low_priority_values_first: bool
+    priority_scheduling_preemption_threshold: int
+    abort_on_priority_when_disabled: bool
+    max_queued_requests: int | None
+    req_waiting_timeout: float | None
+    req_running_timeout: float | None
+    api_keys_file: str | None
+    tenant_kv_quota: float
     disable_radix_cache: bool
     radix_eviction_policy: str
     max_pinned_fraction: float

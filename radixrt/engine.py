@@ -57,6 +57,7 @@ class GenerateArgs:
     cache_salt: str | list[str] | None = None
     # keep the prompt cached for a time: {"type": "ephemeral", "ttl": "5m"} (frontend/cache_control.py)
     cache_control: dict[str, Any] | list[dict[str, Any] | None] | None = None
+    priority: int | list[int] | None = None  # SGLang's, under --enable-priority-scheduling
 
 
 def _takes(params: Callable[P, GenerateArgs]) -> Callable[[Callable[[Engine, GenerateArgs], R]],
@@ -151,7 +152,7 @@ class Engine:
             self.server_args.max_n, text=call.prompt, input_ids=call.input_ids, sampling_params=call.sampling_params,
             rid=call.rid, return_logprob=call.return_logprob, logprob_start_len=call.logprob_start_len,
             top_logprobs_num=call.top_logprobs_num, return_text_in_logprobs=call.return_text_in_logprobs,
-            cache_salt=call.cache_salt, cache_control=call.cache_control,
+            cache_salt=call.cache_salt, cache_control=call.cache_control, priority=call.priority,
         )
         if call.stream and len(gen.items) != 1:
             raise RequestError("stream=True takes a single prompt and n=1", "stream")

@@ -35,6 +35,8 @@ class TokenizedRequest(msgspec.Struct, tag=True):
     # seconds its prompt's full pages stay cached (its cache_control, resolved at the door:
     # frontend/cache_control.py); None: no pin. At most MAX_PIN_TTL_S.
     pin_ttl: float | None = None
+    priority: int | None = None  # SGLang's; the scheduler reads it under --enable-priority-scheduling
+    tenant: str | None = None  # the tenant its API key names (None: its cache namespace's salt is its tenant)
 
 
 MAX_PIN_TTL_S = 24 * 3600.0  # the longest pin a request may ask for

@@ -84,6 +84,17 @@ class SchedulerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # preemption
     retractions: int
     retractions_by_cause: dict[str, int]  # cause (scheduler/preemption.RETRACTION_CAUSES) -> retractions
+    # production scheduling: queue limits, timeouts, the decodes' cadence (scheduler/queue_limits.py, step_budget.py)
+    requests_rejected: dict[str, int]  # reason (queue_limits.REJECTIONS) -> requests answered with a 503
+    prefill_cut_steps: int  # steps whose prefill was cut so the decodes keep their cadence
+    # tenants (scheduler/tenants.py): label (a tenant's name, at most 16, then "other") -> figure
+    tenant_requests: dict[str, int]
+    tenant_prompt_tokens: dict[str, int]
+    tenant_cached_tokens: dict[str, int]
+    tenant_rejected: dict[str, int]
+    tenant_waiting: dict[str, int]
+    tenant_running: dict[str, int]
+    tenant_cached_pages: dict[str, int]
     swaps_out: int
     swaps_in: int
     recomputed_tokens: int

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 L0 = {"radixrt", "radixrt.config", "radixrt.errors", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils",
       "radixrt.retention", "radixrt.stats", "radixrt.config_views", "radixrt.namespace", "radixrt.speculative",
-      "radixrt.quant_settings"}
+      "radixrt.quant_settings", "radixrt.scheduling_settings"}
 # package -> radixrt packages it may import (besides itself)
 ALLOWED = {
     "radixrt.kernels": set(),

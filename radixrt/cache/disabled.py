@@ -24,11 +24,17 @@ class NoPrefixCache:
         return MatchResult([], self._root, self.page_size)
 
     def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None,
-               keys: list[str] | None = None) -> InsertResult:
+               keys: list[str] | None = None, owner: Hashable = None) -> InsertResult:
         return InsertResult(self._root, len(pages), [])
 
     def set_pinned(self, node: Node, pinned: bool) -> None:
         pass
+
+    def set_quotas(self, quota: Callable[[Hashable], int | None]) -> None:
+        pass
+
+    def pages_by_owner(self) -> dict[Hashable, int]:
+        return {}
 
     def lock(self, node: Node) -> None:
         pass

@@ -26,6 +26,8 @@ class PinTable:
     until: dict[str, float] = field(default_factory=dict)  # pinned key -> when its pin ends
     namespace_of: dict[str, str] = field(default_factory=dict)  # pinned key -> its namespace id
     per_namespace: Counter = field(default_factory=Counter)  # namespace id -> pinned pages
+    tenant_of: dict[str, str] = field(default_factory=dict)  # pinned key -> the tenant that pinned it first
+    per_tenant: Counter = field(default_factory=Counter)  # tenant -> pinned pages (its KV quota counts them)
     _heap: list[tuple[float, str]] = field(default_factory=list)  # (until when filed, key): one per pinned key
     pins_taken: int = 0  # requests whose pin was granted
     pins_refused: int = 0
@@ -37,9 +39,14 @@ class PinTable:
     def __len__(self) -> int:
         return len(self.until)
 
-    def refusal(self, keys: list[str], namespace: str) -> str | None:
-        """Why pinning keys in the namespace (id) would pass a budget (None: it would not)."""
+    def refusal(self, keys: list[str], namespace: str, tenant: str = "", quota: int | None = None) -> str | None:
+        """Why pinning keys in the namespace (id) for tenant, whose KV quota is `quota` pages (None:
+        none), would pass a budget (None: it would not)."""
         new = sum(1 for key in dict.fromkeys(keys) if key not in self.until)
+        if quota is not None and self.per_tenant[tenant] + new > quota:
+            return (f"cache_control: pinning {len(keys)} pages ({new} not pinned yet) would pass tenant {tenant!r}'s "
+                    f"KV quota of {quota} pages (--tenant-kv-quota, or its kv_quota in --api-keys-file; "
+                    f"{self.per_tenant[tenant]} pinned now)")
         if len(self.until) + new > self.capacity:
             return (f"cache_control: pinning {len(keys)} pages ({new} not pinned yet) would pass the pin budget of "
                     f"{self.capacity} pages (--max-pinned-fraction of the device KV pool plus the host tier; "
@@ -50,7 +57,7 @@ class PinTable:
                     f"of the pin budget; {self.per_namespace[namespace]} pinned now)")
         return None
 
-    def pin(self, keys: list[str], namespace: str, until: float) -> list[str]:
+    def pin(self, keys: list[str], namespace: str, until: float, tenant: str = "") -> list[str]:
         """Pin keys until `until` (a later pin of a key extends it); returns the keys newly pinned.
         Check refusal() first."""
         new = []
@@ -59,6 +66,8 @@ class PinTable:
                 new.append(key)
                 self.namespace_of[key] = namespace
                 self.per_namespace[namespace] += 1
+                self.tenant_of[key] = tenant
+                self.per_tenant[tenant] += 1
                 self.until[key] = until
                 heapq.heappush(self._heap, (until, key))  # one entry per key: an extension re-files it at expiry
             elif until > self.until[key]:
@@ -97,6 +106,10 @@ class PinTable:
         self.per_namespace[ns] -= 1
         if not self.per_namespace[ns]:
             del self.per_namespace[ns]
+        tenant = self.tenant_of.pop(key)
+        self.per_tenant[tenant] -= 1
+        if not self.per_tenant[tenant]:
+            del self.per_tenant[tenant]
 
     def stats(self) -> dict[str, int]:
         return {"pinned_pages": len(self.until), "pin_budget_pages": self.capacity,

@@ -30,6 +30,7 @@ class Node:
     start: int = 0  # tokens from the root to the start of key
     keys: list[str] = field(default_factory=list)  # content keys of its full pages, when the caller gave them
     pinned: bool = False  # ordered after every unpinned leaf (a pinned prompt's pages: see KVMemory)
+    owner: Hashable = None  # who inserted its pages (a tenant): whose quota they count in
 
     @property
     def last_access(self) -> int:
@@ -94,9 +95,10 @@ class PrefixCache(Protocol):
         ...
 
     def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None,
-               keys: list[str] | None = None) -> InsertResult:
+               keys: list[str] | None = None, owner: Hashable = None) -> InsertResult:
         """Add tokens, whose KV is in pages (ceil(len(tokens) / page_size) of them); keys, if
         given, are the content keys of tokens' full pages (new nodes keep theirs, in by_key).
+        owner: whose quota the pages new to the cache count in (set_quotas).
 
         Ownership: the cache takes the pages of tokens it did not hold; the caller
         keeps the first existing_pages pages and returns released_pages to the
@@ -120,6 +122,15 @@ class PrefixCache(Protocol):
 
     def set_pinned(self, node: Node, pinned: bool) -> None:
         """Order node among the last leaves to go (pinned) or by the policy alone (not)."""
+        ...
+
+    def set_quotas(self, quota: Callable[[Hashable], int | None]) -> None:
+        """From now on (before anything is inserted), evict() first takes the unpinned leaves of
+        owners holding more pages than quota(owner) (None: no quota), then follows its order."""
+        ...
+
+    def pages_by_owner(self) -> dict[Hashable, int]:
+        """The pages the cache holds, by owner."""
         ...
 
     def forget(self, pages: set[int]) -> list[int]:

@@ -20,9 +20,8 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Hashable, Iterator
 
-from sortedcontainers import SortedList
-
 from radixrt.cache.eviction import EvictionOrder, Stamp
+from radixrt.cache.leaf_order import LeafOrder
 from radixrt.cache.prefix_cache import InsertResult, MatchResult, Node
 
 
@@ -35,7 +34,9 @@ class RadixCache:
         self.roots: dict[Hashable, Node] = {}
         self._namespace_of: dict[int, Hashable] = {}  # root id -> namespace
         # evictable leaves, first to go first: unpinned before pinned, then in the policy's order
-        self._leaves = SortedList(key=lambda n: (n.pinned, self.order.key(n.stamp), n.id))
+        self._leaves = LeafOrder(key=lambda n: (n.pinned, self.order.key(n.stamp), n.id))
+        self._quota: Callable[[Hashable], int | None] | None = None  # set_quotas
+        self._owner_pages: dict[Hashable, int] = {}
         self.by_key: dict[str, Node] = {}  # content key of a full page (insert's keys) -> its node
         self.total_pages = 0
         self.evictable_pages = 0  # pages of nodes with lock_ref == 0
@@ -115,7 +116,7 @@ class RadixCache:
     # -- insertion -------------------------------------------------------------
 
     def insert(self, tokens: list[int], pages: list[int], namespace: Hashable = None,
-               keys: list[str] | None = None) -> InsertResult:
+               keys: list[str] | None = None, owner: Hashable = None) -> InsertResult:
         """Add tokens (with their pages) to the tree; the tree keeps what it did not have
         (ownership: see PrefixCache.insert). keys: the content keys of tokens' full pages
         (cache/tier_index.page_keys), kept on the nodes and in by_key; None: none kept."""
@@ -129,7 +130,7 @@ class RadixCache:
         aligned = len(tokens) // ps * ps
         if pos < aligned:
             released += self._drop_partial_prefixes_of(node, tokens[pos : pos + ps])
-            node = self._add_child(node, tokens[pos:aligned], pages[pos // ps : aligned // ps], now,
+            node = self._add_child(node, tokens[pos:aligned], pages[pos // ps : aligned // ps], now, owner,
                                    keys[pos // ps : aligned // ps] if keys is not None else [])
             pos = aligned
         if pos < len(tokens):
@@ -138,7 +139,7 @@ class RadixCache:
                 existing += 1  # the tree already has these tokens in some page
             else:
                 released += self._drop_partial_prefixes_of(node, tail)
-                self._add_child(node, tail, [pages[-1]], now)
+                self._add_child(node, tail, [pages[-1]], now, owner)
         return InsertResult(node, existing, released)
 
     def _drop_partial_prefixes_of(self, node: Node, first_page: list[int]) -> list[int]:
@@ -149,8 +150,11 @@ class RadixCache:
                 out += self._remove_leaf(child)
         return out
 
-    def _add_child(self, parent: Node, key: list[int], pages: list[int], now: int, keys: list[str] = ()) -> Node:
-        node = Node(key, pages, parent, id=next(self._ids), start=parent.start + len(parent.key), keys=list(keys))
+    def _add_child(self, parent: Node, key: list[int], pages: list[int], now: int, owner: Hashable,
+                   keys: list[str] = ()) -> Node:
+        node = Node(key, pages, parent, id=next(self._ids), start=parent.start + len(parent.key), keys=list(keys),
+                    owner=owner)
+        self._owner_pages[owner] = self._owner_pages.get(owner, 0) + len(pages)
         self.order.touch(node.stamp, now, node.start, len(key), hit=False)
         for k in node.keys:
             self.by_key[k] = node
@@ -167,7 +171,7 @@ class RadixCache:
         ps = self.page_size
         upper = Node(child.key[: k * ps], child.pages[:k], child.parent, lock_ref=child.lock_ref,
                      stamp=Stamp(**vars(child.stamp)), id=next(self._ids), start=child.start,
-                     keys=child.keys[:k], pinned=child.pinned)
+                     keys=child.keys[:k], pinned=child.pinned, owner=child.owner)
         for key in upper.keys:
             self.by_key[key] = upper
         child.parent.children[tuple(child.key[:ps])] = upper
@@ -183,7 +187,7 @@ class RadixCache:
         # NOTE: the SortedList finds a node by its sort key: remove it before the key changes.
         in_set = node in self._leaves
         if in_set:
-            self._leaves.remove(node)
+            self._leaves.discard(node)
         change()
         if in_set:
             self._leaves.add(node)
@@ -221,13 +225,29 @@ class RadixCache:
         sink, if given, sees each leaf before it leaves the tree (to keep its KV elsewhere)."""
         freed: list[int] = []
         while len(freed) < num_pages and self._leaves:
-            leaf = self._leaves[0]
+            leaf = self._next_victim()
             if sink is not None:
                 sink(leaf)
             self.order.evicted(leaf.stamp)
             freed += self._remove_leaf(leaf)
         self.evicted_pages += len(freed)
         return freed
+
+    def set_quotas(self, quota: Callable[[Hashable], int | None]) -> None:
+        self._leaves.track_owners()
+        self._quota = quota
+
+    def pages_by_owner(self) -> dict[Hashable, int]:
+        return {o: n for o, n in self._owner_pages.items() if n}
+
+    def _next_victim(self) -> Node:
+        """The first unpinned leaf of an owner past its quota, else the first leaf in order."""
+        if self._quota is not None:
+            over = [o for o, n in self._owner_pages.items() if (q := self._quota(o)) is not None and n > q]
+            leaf = self._leaves.first_unpinned_of(over)
+            if leaf is not None:
+                return leaf
+        return self._leaves.first()
 
     def _remove_leaf(self, leaf: Node) -> list[int]:
         parent = leaf.parent
@@ -238,6 +258,7 @@ class RadixCache:
         del parent.children[tuple(leaf.key[: self.page_size])]
         self.total_pages -= len(leaf.pages)
         self.evictable_pages -= len(leaf.pages)
+        self._owner_pages[leaf.owner] -= len(leaf.pages)
         if parent.parent is not None and parent.is_leaf and parent.lock_ref == 0:
             self._leaves.add(parent)
         return leaf.pages

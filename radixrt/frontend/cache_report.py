@@ -265,3 +265,20 @@ def memory_section(stats: Any) -> dict[str, int]:
     unreachable pages (0 by design)."""
     return {name: getattr(stats, name) for name in MEMORY_FIGURES}
 
+
+
+TENANT_FIGURES = ("requests", "prompt_tokens", "cached_tokens", "rejected", "waiting", "running", "cached_pages")
+
+
+def tenants_section(stats: Any, only: str | None = None) -> dict[str, dict[str, float]]:
+    """Per tenant (scheduler/tenants.py's labels: a name, "default" for requests without a salt
+    or key, "other" past the first 16): its requests, prompt and cached tokens and hit rate, 503s,
+    what waits and runs now, and the device pages its computed KV holds. only: that tenant's row."""
+    rows: dict[str, dict[str, float]] = {}
+    for figure in TENANT_FIGURES:
+        for label, n in getattr(stats, f"tenant_{figure}").items():
+            if only is None or label == only:
+                rows.setdefault(label, dict.fromkeys(TENANT_FIGURES, 0))[figure] = n
+    for row in rows.values():
+        row["hit_rate"] = row["cached_tokens"] / row["prompt_tokens"] if row["prompt_tokens"] else 0.0
+    return rows

@@ -17,6 +17,7 @@ the field), those that change nothing in the answer in IGNORED_FIELDS.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
@@ -116,7 +117,6 @@ UNSUPPORTED_FIELDS: dict[str, Any] = {
 # accepted with any value. Field -> why.
 IGNORED_FIELDS: dict[str, str] = {
     "conversation_id": "tracking only",
-    "priority": "no priority scheduling (SGLang without --enable-priority-scheduling ignores it too)",
     "routing_key": "no routing-key schedule policy (SGLang ignores it under any other policy)",
     "no_logs": "this server never logs request contents",
     "custom_labels": "no custom metric labels (SGLang ignores them unless allowed by a server flag)",
@@ -141,12 +141,21 @@ class GenerateItem:
     max_tokens_given: bool = True  # the client set max_new_tokens (checked against the context, as SGLang does)
     log_metrics: bool = True
     pin_ttl: float | None = None  # seconds its prompt stays cached (cache_control; None: no pin)
+    priority: int | None = None  # SGLang's: its rank under --enable-priority-scheduling (None: the least)
+    tenant: str | None = None  # the tenant its API key names (--api-keys-file; None: its cache_salt's)
 
 
 @dataclass(frozen=True)
 class GenerateInput:
     items: list[GenerateItem]  # after n-expansion, in output order
     is_batch: bool  # the caller gave a list: answer with a list
+
+    def for_tenant(self, tenant: str, share_cache: bool) -> GenerateInput:
+        """The same call made by a tenant: its requests carry the tenant's name, and read and fill
+        the tenant's own cache unless it shares the common one (each cache_salt still apart)."""
+        items = [dataclasses.replace(it, tenant=tenant, namespace=it.namespace if share_cache else
+                                     msgspec.structs.replace(it.namespace, tenant=tenant)) for it in self.items]
+        return GenerateInput(items, self.is_batch)
 
     @classmethod
     def build(cls, max_n: int = DEFAULT_MAX_N, **fields: Any) -> GenerateInput:
@@ -183,6 +192,7 @@ class GenerateInput:
         namespaces = [cache_namespace(a, b) for a, b in zip(_per_item(req.cache_salt, n, "cache_salt"),
                                                             _per_item(req.extra_key, n, "extra_key"))]
         pins = [pin_ttl(c) for c in _per_item(req.cache_control, n, "cache_control")]
+        priorities = [_priority(p) for p in _per_item(req.priority, n, "priority")]
         items = []
         for i in range(n):
             for k in range(params[i].n):
@@ -192,7 +202,7 @@ class GenerateInput:
                     return_logprob=bool(lps[i]), logprob_start_len=starts[i], top_logprobs_num=tops[i] or 0,
                     return_text_in_logprobs=req.return_text_in_logprobs, namespace=namespaces[i],
                     max_tokens_given=_max_tokens_given(raw_params[i]), log_metrics=req.log_metrics,
-                    pin_ttl=pins[i],
+                    pin_ttl=pins[i], priority=priorities[i],
                 ))
         return cls(items, is_batch)
 
@@ -236,6 +246,17 @@ def _prompts(text: Any, input_ids: Any) -> tuple[list[str] | None, list[list[int
     if any(isinstance(x, list) != is_batch for x in input_ids):
         raise RequestError("input_ids must be a list of token ids or a list of such lists, not a mix", "input_ids")
     return None, (input_ids if is_batch else [input_ids]), is_batch
+
+
+def _priority(value: Any) -> int | None:
+    """SGLang's priority: an integer (any sign), or null for none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"priority must be an integer or null, got {type(value).__name__}", "priority")
+    if not -(1 << 62) <= value <= 1 << 62:
+        raise RequestError(f"priority must be within +-2**62, got {value}", "priority")
+    return value
 
 
 def _per_item(value: Any, n: int, name: str) -> list[Any]:

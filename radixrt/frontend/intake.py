@@ -43,7 +43,8 @@ class PreparedReq:
         """What the scheduler gets for it, under rid."""
         it = self.item
         return TokenizedRequest(rid, self.ids, it.sampling, it.return_logprob, self.logprob_start,
-                                it.top_logprobs_num, it.namespace, retention=self.retention, pin_ttl=it.pin_ttl)
+                                it.top_logprobs_num, it.namespace, retention=self.retention, pin_ttl=it.pin_ttl,
+                                priority=it.priority, tenant=it.tenant)
 
 
 class Intake:

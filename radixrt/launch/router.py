@@ -2,7 +2,8 @@
 line, and whether it is up. `sglang_router` (`radixrt[router]`) with `--policy cache_aware` keeps
 an approximate radix tree of the text it sent to each replica and sends a request to the replica
 that holds the longest prefix of it (the least loaded one when the loads drift apart), so a prefix
-keeps meeting the radix cache that computed it.
+keeps meeting the radix cache that computed it. How far apart the loads may drift is ours to set
+(threshold_flags).
 
 The HTTP here is the launcher's probing of processes it started (/health, /workers), not serving.
 """
@@ -37,8 +38,27 @@ def router_command(args: ServerArgs, worker_urls: list[str], policy: str, metric
         "--prometheus-host", args.host, "--prometheus-port", str(metrics_port),
         "--max-payload-size", str(args.max_request_bytes),
         "--shutdown-grace-period-secs", str(max(1, round(args.graceful_shutdown_timeout))),
+        *threshold_flags(args),
     ]
     return cmd + (["--api-key", args.api_key] if args.api_key else [])
+
+
+def threshold_flags(args: ServerArgs) -> list[str]:
+    """The cache_aware policy's thresholds (the router ignores them under other policies).
+
+    How the router (0.3.x) routes a request: when the busiest replica has more than
+    balance_abs_threshold requests in flight over the idlest *and* more than balance_rel_threshold
+    times as many, to the idlest; otherwise to the replica holding the longest prefix of its text
+    when that prefix is more than cache_threshold of the text, else (a miss) to the idlest (on a
+    tie the same one each time). NOTE: its default abs floor of 64 means that below 64 requests in flight
+    a prefix always goes home, so replicas that were sent the documents first take all their
+    questions while the others idle; we lower the floor (ServerArgs.router_balance_abs_threshold).
+    """
+    return [
+        "--cache-threshold", str(args.router_cache_threshold),
+        "--balance-abs-threshold", str(args.router_balance_abs_threshold),
+        "--balance-rel-threshold", str(args.router_balance_rel_threshold),
+    ]
 
 
 def router_ready(url: str, api_key: str | None, replicas: int) -> bool:

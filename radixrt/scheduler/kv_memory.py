@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 from radixrt.cache import MatchResult, NoPrefixCache, Node, PageAllocator, PrefixCache, RadixCache
 from radixrt.cache.eviction import EvictionOrder
@@ -65,6 +66,16 @@ class KVMemory:
     @property
     def num_pages(self) -> int:
         return self.allocator.num_pages
+
+    def set_quotas(self, quota: Callable[[str], int | None] | None) -> None:
+        """Tenants' quotas in device pages (scheduler/tenants.py; None: no quotas): the cache evicts
+        an over-quota tenant's pages first, and pins count toward the quota."""
+        if quota is not None:
+            self.cache.set_quotas(quota)
+            self.pins.quota = quota
+
+    def cached_pages_by_owner(self) -> dict[str, int]:
+        return self.cache.pages_by_owner()
 
     @property
     def available(self) -> int:
@@ -313,7 +324,7 @@ class KVMemory:
     def _insert(self, r: Req, n_tokens: int) -> None:
         kv, n_pages, full = r.kv, math.ceil(n_tokens / self.page_size), n_tokens // self.page_size
         keys = self._keys(r, full) if self.keyed else None
-        res = self.cache.insert(r.tokens(0, n_tokens), kv.pages[:n_pages], r.namespace, keys)
+        res = self.cache.insert(r.tokens(0, n_tokens), kv.pages[:n_pages], r.namespace, keys, r.tenant)
         if keys is not None and res.existing_pages < full:  # pages new to the tree
             self.pins.flag(res.node)
             if self.tiers.write_policy == "write_through":

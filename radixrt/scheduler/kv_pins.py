@@ -28,6 +28,7 @@ class KVPins:
         """keys(r, n): the content keys of r's first n pages (KVMemory's, worked out once per request)."""
         self.cache, self.tiers, self.keyed, self.page_size = cache, tiers, keyed, page_size
         self.table = PinTable(capacity, namespace_capacity)
+        self.quota: Callable[[str], int | None] = lambda tenant: None  # a tenant's KV quota in pages (tenants.py)
         self._keys = keys
         self._locks: list[tuple[float, int, Node]] = []  # (until, seq, node): device locks (no host tier)
         self._seq = itertools.count()
@@ -44,14 +45,16 @@ class KVPins:
         if self.table.capacity == 0:
             return ("cache_control: this server takes no pins (--max-pinned-fraction is 0"
                     + (", or the radix cache is off)" if isinstance(self.cache, NoPrefixCache) else ")"))
-        why = self.table.refusal(self._prompt_keys(r), namespace_id(r.namespace.encoded))
+        why = self.table.refusal(self._prompt_keys(r), namespace_id(r.namespace.encoded), r.tenant,
+                                 self.quota(r.tenant))
         self.table.pins_refused += why is not None
         return why
 
     def pin(self, r: Req, now: float) -> None:
         """Pin r's prompt pages until now + its ttl (refusal said it fits), wherever they are now or
         will be. Without a host tier the pages are locked on the device when r leaves (lock_on_release)."""
-        for key in self.table.pin(self._prompt_keys(r), namespace_id(r.namespace.encoded), now + r.pin_ttl):
+        for key in self.table.pin(self._prompt_keys(r), namespace_id(r.namespace.encoded), now + r.pin_ttl,
+                                  r.tenant):
             if key in self.cache.by_key:
                 self.cache.set_pinned(self.cache.by_key[key], True)
             if self.tiers is not None:

@@ -18,8 +18,9 @@ from radixrt.scheduler.req import Req, longrope_namespace
 logger = logging.getLogger(__name__)
 # why a running request gave its pages back (SchedulerStats.retractions_by_cause, /metrics' cause label):
 # decode_growth: decoding requests needed pages for their next tokens; admission: nothing could run
-# at all; long_rope: a longrope model's sequence outgrew its original context and runs again
-RETRACTION_CAUSES = ("decode_growth", "admission", "long_rope")
+# at all; long_rope: a longrope model's sequence outgrew its original context and runs again;
+# priority: a waiting request that outranks it needed its slot or pages (scheduler/priorities.py)
+RETRACTION_CAUSES = ("decode_growth", "admission", "long_rope", "priority")
 
 
 class Preemption:

@@ -54,11 +54,16 @@ class Req:
     spot_check: bool = False  # a quality spot check re-scores it when done (scheduler/spot_checks.py)
     live_logprobs: list[float] = field(default_factory=list)  # spot_check: the logprob of each token it emitted
     spec: RequestSpec | None = None  # on a speculating server, from its first admission (scheduler/speculation.py)
+    priority: int | None = None  # SGLang's field, as sent
+    rank: int = 0  # its priority as an order, larger first (scheduler/priorities.py; 0 without priorities)
+    tenant: str = ""  # whose share and quota it counts in (scheduler/tenants.py)
+    arrived_at: float = 0.0  # time.monotonic() at intake: the waiting timeout's clock
+    started_at: float | None = None  # time.monotonic() at its first admission: the running timeout's clock
 
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:
         return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.namespace,
-                   pin_ttl=m.pin_ttl)
+                   pin_ttl=m.pin_ttl, priority=m.priority)
 
     @property
     def prompt_len(self) -> int:

@@ -54,12 +54,17 @@ from radixrt.scheduler.logprobs import logprob_spec
 from radixrt.scheduler.outputs import StepOutputs
 from radixrt.scheduler.policy import SCHEDULE_POLICIES
 from radixrt.scheduler.preemption import Preemption
+from radixrt.scheduler.priorities import Priorities
+from radixrt.scheduler.queue_limits import QueueLimits
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.speculation import Draft, Speculator
 from radixrt.scheduler.spot_checks import SpotChecks
+from radixrt.scheduler.step_budget import StepBudget, StepTokens
 from radixrt.scheduler.stop import StopChecker
+from radixrt.scheduler.tenants import Tenants
 from radixrt.scheduler.tier_costs import TierCosts
 from radixrt.scheduler.weight_update import ABORTED_FOR_UPDATE, WeightUpdates
+from radixrt.scheduling_settings import tenant_table
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +126,14 @@ class Scheduler:
         self.outputs = StepOutputs(self.stop, self.spot, not args.disable_jump_forward)
         self.tier_move_seconds = 0.0
         self.spec = Speculator(args.speculative, worker.page_size, worker.context_length, worker.attention_per_position)
+        self.priorities = Priorities(args.enable_priority_scheduling, args.schedule_low_priority_values_first,
+                                     args.priority_scheduling_preemption_threshold, args.abort_on_priority_when_disabled)
+        self.limits = QueueLimits(args.max_queued_requests, args.req_waiting_timeout, args.req_running_timeout,
+                                  args.enable_priority_scheduling)
+        self.tenants = Tenants(tenant_table(args.api_keys_file), args.tenant_kv_quota, worker.num_pages)
+        self.mem.set_quotas(self.tenants.quota_pages if self.tenants.has_quotas else None)
+        self.step_budget = StepBudget(args.prefill_chunk, args.max_prefill_tokens, args.max_decode_slowdown,
+                                      worker.attention_per_position)
 
     @property
     def idle(self) -> bool:
@@ -134,11 +147,16 @@ class Scheduler:
         if self.weights.hold(msg):
             return
         r = self.intake.accept(msg)
-        if not isinstance(r, ReqOutput) and (why := self.mem.pins.refusal(r)) is not None:
-            logger.error("refused request %s: %s", r.rid, why)
-            r = rejection(r.rid, why, r.prompt_len)
+        if not isinstance(r, ReqOutput):
+            r.tenant, r.rank, r.arrived_at = self.tenants.name_of(msg), self.priorities.rank(msg.priority), time.monotonic()
+            self.tenants.count(r.tenant, "requests")
+            if (why := self.mem.pins.refusal(r)) is not None:
+                logger.error("refused request %s: %s", r.rid, why)
+                r = rejection(r.rid, why, r.prompt_len)
         if isinstance(r, ReqOutput):  # refused
             self.outbox.append(r)
+            return
+        if not self._queue_takes(r, msg.priority):
             return
         if r.pin_ttl is not None:
             self.mem.pins.pin(r, time.monotonic())
@@ -146,6 +164,31 @@ class Scheduler:
             self.grammars.add(r)  # it joins the waiting queue once its matcher is ready
         else:
             self.waiting.append(r)
+
+    def _queue_takes(self, r: Req, priority: int | None) -> bool:
+        """SGLang's refusals at the queue: a priority on a server without priorities (when asked),
+        and a full queue (r, or under priorities a waiting request r outranks, gets the 503)."""
+        refused = self.priorities.refusal(priority)
+        if refused is not None:
+            self.limits.rejected["priority_disabled"] += 1
+            self._answer_unqueued(r, refused)
+            return False
+        full = self.limits.on_arrival(r, self.waiting + self.grammars.requests)
+        if full is None:
+            return True
+        ended, reason = full
+        if ended is r:
+            self._answer_unqueued(r, reason)
+            return False
+        self.tenants.count(ended.tenant, "rejected")
+        self._finish(ended, reason)
+        return True
+
+    def _answer_unqueued(self, r: Req, reason: FinishReason) -> None:
+        logger.warning("refused request %s: %s", r.rid, reason.message)
+        self.tenants.count(r.tenant, "rejected")
+        r.finish = reason
+        self.outbox.append(ReqOutput(r.rid, [], reason, r.prompt_len, 0))
 
     def reject_undecodable(self, raw: bytes, error: Exception) -> None:
         """A frontend message that did not decode: if it names a string rid, answer that rid
@@ -210,8 +253,13 @@ class Scheduler:
         entries: list[BatchEntry] = []
         self.inflight = []
         self.spec.step_started(time.perf_counter())
-        self.mem.pins.expire(time.monotonic())
+        now = time.monotonic()
+        self.mem.pins.expire(now)
         self._take_compiled()
+        if self.limits.timed:
+            for r, reason in self.limits.expired(self.waiting + self.grammars.requests, self.running, now):
+                self._finish(r, reason)
+        self._preempt_for_priority()
         while not entries and (self.waiting or self.running):
             self._schedule_decodes(entries)
             self._schedule_prefills(entries)
@@ -248,32 +296,71 @@ class Scheduler:
             entries.append(self._entry(r, 1, drafts.get(r)))
 
     def _schedule_prefills(self, entries: list[BatchEntry]) -> None:
-        token_budget = self.args.prefill_chunk
-        # Admitted requests always progress, by as much as the available pages allow.
-        for r in [r for r in self.running if not r.is_decoding]:
-            n = self.mem.fit_tokens(r, min(r.extend_len, token_budget))
+        """Fill the step's prefill budget (step_budget.py): requests still prefilling first (they always
+        progress, as far as the pages allow), then waiting ones in priority and fair-share order,
+        each from its longest cached prefix, keeping pages back for the running ones' growth."""
+        prefilling = [r for r in self.running if not r.is_decoding]
+        pending = {r.tenant for r in prefilling} | ({r.tenant for r in self.waiting} if self.free_slots else set())
+        tokens = StepTokens(self.step_budget, [r.kv_len for r in self.running if r.is_decoding],
+                            self.tenants.shares(pending))
+        for r in prefilling:
+            n = self.mem.fit_tokens(r, tokens.allow(r, r.extend_len))
             if n > 0:
                 entries.append(self._entry(r, n))
-                token_budget -= n
-        # New requests come in whole chunks, keeping pages back for the running ones' growth.
+                tokens.spend(r, n)
         reserve = self.budget.reserve_pages(self.running)
-        computing = [r for r in self.running if not r.is_decoding]  # their uncached tokens are being computed
-        for r in self.policy(self.waiting, self.mem.prefix_len):
-            if token_budget <= 0 or not self.free_slots:
+        order = self.tenants.order(self._ordered_waiting(), self.running)
+        for r in order:
+            if tokens.exhausted or not self.free_slots:
                 break
-            a = self.admitter.admit(r, token_budget, reserve, computing)
+            allowed = tokens.allow(r, r.extend_len)
+            if allowed <= 0:  # its tenant's share of this step is spent
+                continue
+            a = self.admitter.admit(r, allowed, reserve, prefilling)
             if a.outcome is Outcome.NO_ROOM:
                 break
             if a.outcome is Outcome.ADMITTED:
                 self._start(r)
+                order.took(r)
                 entries.append(self._entry(r, a.tokens))
-                token_budget -= a.tokens
+                tokens.spend(r, a.tokens)
                 reserve += self.budget.reserve_pages([r])
+        self.step_budget.cut_steps += tokens.cut
+
+    def _ordered_waiting(self) -> list[Req]:
+        """The waiting requests by the schedule policy, the higher priorities first (stable)."""
+        ordered = self.policy(self.waiting, self.mem.prefix_len)
+        return sorted(ordered, key=lambda r: -r.rank) if self.priorities.enabled else ordered
+
+    def _preempt_for_priority(self) -> None:
+        """The most important waiting request finds no slot or no pages: running requests it outranks
+        by more than the threshold give theirs back (by --preemption-mode), the least important and
+        newest first, as many as it needs, or none when even all of them would not do."""
+        if not self.priorities.enabled or not self.waiting:
+            return
+        top, ps = self._ordered_waiting()[0], self.mem.page_size
+        cached = self.mem.prefix_len(top)
+        first = cached + min(top.seq_len - cached, self.args.prefill_chunk)  # its first chunk's end
+        short = -(-first // ps) - cached // ps + self.budget.reserve_pages(self.running) - self.mem.available
+        victims, freed = [], 0
+        for v in self.priorities.victims(top, self.running):
+            if (self.free_slots or victims) and freed >= short:
+                break
+            victims.append(v)
+            freed += len(v.kv.pages)
+        if not victims or freed < short:
+            return
+        for v in victims:
+            logger.info("request %s (rank %d) preempts %s (rank %d)", top.rid, top.rank, v.rid, v.rank)
+            self.preemption.retract(v, "priority")
 
     def _start(self, r: Req) -> None:
         """r has its pages (from its match, or back from swap): into the running batch."""
         self.waiting.remove(r)
         if r.cached_tokens < 0:  # first admission: count the hit
+            r.started_at = time.monotonic()
+            self.tenants.count(r.tenant, "prompt_tokens", r.prompt_len)
+            self.tenants.count(r.tenant, "cached_tokens", r.kv_len)
             self.retention.count_request(r)
             r.cached_tokens = r.kv_len
             r.cached_details = cached_details(r.kv_len, r.kv.loaded, self.mem.page_size, self.mem.tiers)
@@ -373,6 +460,7 @@ class Scheduler:
         for t in batch.move_times:
             self.tier_move_seconds += t.seconds
             self.tier_costs.observe_moves(t.kind, t.pages, t.seconds)
+        self.step_budget.observe([(r.kv.kv_len, n) for r, n in self.inflight], batch.forward_seconds)
         if any(n > 1 for _, n in self.inflight):
             tokens = sum(n for _, n in self.inflight)
             attended = sum(n * r.kv.kv_len + n * (n + 1) // 2 for r, n in self.inflight)
@@ -426,4 +514,7 @@ class Scheduler:
             **self.counters,
             **self.retention.stats(self.running),
             **self.spec.stats(),
+            **self.step_budget.stats(),
+            requests_rejected=dict(self.limits.rejected),
+            **self.tenants.stats(self.waiting + self.grammars.requests, self.running, self.mem.cached_pages_by_owner()),
         )

@@ -19,6 +19,8 @@ from radixrt.config_views import HttpConfig
 from radixrt.frontend.generate_input import GenerateInput, GenerateRequest
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import TokenizerManager
+from radixrt.scheduling_settings import TenantSpec
+from radixrt.server.access import TenantKeys
 from radixrt.server.metrics import ServerMetrics
 from radixrt.server.schemas import decode_body
 
@@ -45,9 +47,11 @@ class ServerContext:
     dead: str | None = None  # why the backend is gone, once it is
     draining: str | None = None  # set at SIGTERM: no new requests
     http: HttpConfig = field(init=False)  # what the front door's checks read, from args
+    keys: TenantKeys = field(init=False)  # --api-keys-file's tenant keys
 
     def __post_init__(self) -> None:
         self.http = HttpConfig.of(self.args)
+        self.keys = TenantKeys(self.http.api_keys_file)
 
     def unavailable(self) -> str | None:
         """Why the server cannot take a request now, or None."""
@@ -107,9 +111,12 @@ async def read_typed(ctx: ServerContext, request: Request, kind: type) -> Any:
     return await ctx.manager.run_off_loop(decode_body, raw, kind)
 
 
-async def generate_input(ctx: ServerContext, req: GenerateRequest) -> GenerateInput:
-    """The call's items, built off the event loop (a list of thousands of prompts takes a while)."""
-    return await ctx.manager.run_off_loop(GenerateInput.from_request, req, ctx.http.max_n, ctx.http.max_requests_per_call)
+async def generate_input(ctx: ServerContext, req: GenerateRequest, request: Request) -> GenerateInput:
+    """The call's items, built off the event loop (a list of thousands of prompts takes a while),
+    under the tenant the caller's key names (the door put it in request.state)."""
+    gen = await ctx.manager.run_off_loop(GenerateInput.from_request, req, ctx.http.max_n, ctx.http.max_requests_per_call)
+    tenant: TenantSpec | None = getattr(request.state, "tenant", None)
+    return gen if tenant is None else gen.for_tenant(tenant.tenant, tenant.share_cache)
 
 
 class Submission:

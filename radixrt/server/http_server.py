@@ -25,7 +25,7 @@ from fastapi.responses import Response
 
 from radixrt.errors import RequestError
 from radixrt.frontend.tokenizer_manager import BackendDied
-from radixrt.server.access import bearer_matches, required_key  # noqa: F401 - also imported from here
+from radixrt.server.access import authorize, bearer_matches, required_key  # noqa: F401 - also imported from here
 from radixrt.server.browser_guard import BrowserGuard
 from radixrt.server.http_common import ApiError, ServerContext, counted, error_response, internal_error
 from radixrt.server.native_api import add_native_routes
@@ -42,10 +42,11 @@ def create_app(ctx: ServerContext) -> FastAPI:
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        key = required_key(request.url.path, ctx.http, request.method)
-        if key and not bearer_matches(request.headers.get("authorization"), key):
+        access = authorize(request.url.path, request.method, request.headers.get("authorization"), ctx.http, ctx.keys)
+        if not access.allowed:
             return _answer(ctx, ApiError(401, "invalid or missing API key", type="authentication_error", cause="auth"))
-        refused = None if key else browser.refusal(request.method, request.url.path, request.headers)
+        request.state.tenant = access.tenant
+        refused = None if access.needs_key else browser.refusal(request.method, request.url.path, request.headers)
         if refused is not None:  # a route without a key: what a web page could send is refused
             return _answer(ctx, refused)
         try:

@@ -60,6 +60,8 @@ SCHEDULER_FIGURES = {
     "retractions": ("radixrt:retractions_total", "running requests retracted for lack of KV pages"),
     "requests_refused_no_memory": ("radixrt:requests_refused_no_memory_total",
                                    "requests ended because the KV pool could never hold them"),
+    "prefill_cut_steps": ("radixrt:prefill_cut_steps_total", "steps whose prefill tokens were cut so that decoding "
+                          "requests keep their cadence (--max-decode-slowdown)"),
     "bytes_per_token": ("radixrt:kv_bytes_per_token", "KV pool bytes one token takes (per rank, all layers, with scales)"),
     "worker_rss_bytes": ("radixrt:worker_rss_bytes", "resident memory of the worker process (rank 0)"),
     "worker_rss_peak_bytes": ("radixrt:worker_rss_peak_bytes", "the worker process's resident-memory high-water mark"),
@@ -150,6 +152,19 @@ LABELLED = {
                                    "unspeculated, by reason", "reason"),
     "retractions_by_cause": ("radixrt:retractions_by_cause", "running requests that gave their KV pages back, by cause",
                              "cause"),
+    "requests_rejected": ("radixrt:requests_rejected", "requests the scheduler answered with a 503 (a full queue, "
+                          "outranked, a priority refused, a timeout), by reason", "reason"),
+    "tenant_requests": ("radixrt:tenant_requests", "requests that reached the scheduler, by tenant", "tenant"),
+    "tenant_prompt_tokens": ("radixrt:tenant_prompt_tokens", "prompt tokens of admitted requests, by tenant", "tenant"),
+    "tenant_cached_tokens": ("radixrt:tenant_cached_tokens", "prompt tokens reused from the cache, by tenant", "tenant"),
+    "tenant_rejected": ("radixrt:tenant_rejected", "requests answered with a 503 by the scheduler, by tenant", "tenant"),
+}
+# scheduler stat (a dict field) -> (radixrt gauge name, help, label of its keys)
+LABELLED_GAUGES = {
+    "tenant_waiting": ("radixrt:tenant_waiting_requests", "requests waiting to run, by tenant", "tenant"),
+    "tenant_running": ("radixrt:tenant_running_requests", "requests running, by tenant", "tenant"),
+    "tenant_cached_pages": ("radixrt:tenant_cached_pages", "device KV pages the cache holds, by the tenant that "
+                            "computed them", "tenant"),
 }
 # figures of the pool computed here from the stats, for SGLang's gauges
 DERIVED = ("kv_usage", "used_tokens", "max_total_tokens")
@@ -189,11 +204,12 @@ class _SchedulerCollector:
                       float(s.retractions), self._sched)
         for key, (name, help_text) in SCHEDULER_FIGURES.items():
             yield _family(name, help_text, float(getattr(s, key)), {})
-        for key, (name, help_text, label) in LABELLED.items():
-            fam = CounterMetricFamily(name, help_text, labels=[label])
-            for value_of, n in getattr(s, key).items():
-                fam.add_metric([value_of], float(n))
-            yield fam
+        for table, kind in ((LABELLED, CounterMetricFamily), (LABELLED_GAUGES, GaugeMetricFamily)):
+            for key, (name, help_text, label) in table.items():
+                fam = kind(name, help_text, labels=[label])
+                for value_of, n in getattr(s, key).items():
+                    fam.add_metric([value_of], float(n))
+                yield fam
 
 
 class _CacheReportCollector:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import AsyncIterator
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N, memory_section
+from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N, memory_section, tenants_section
 from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.weights import check_update_options, model_info
 from radixrt.model_source import resolve_update_path
@@ -40,7 +41,7 @@ def _add_generate(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/generate", openapi_extra=body_schema("GenerateRequest"))
     async def generate(request: Request) -> Response:
         req: GenerateRequest = await read_typed(ctx, request, GenerateRequest)
-        gen = await generate_input(ctx, req)
+        gen = await generate_input(ctx, req, request)
         if req.stream and len(gen.items) != 1:
             raise ApiError(400, "stream takes a single prompt and n=1", param="stream")
         sub = await Submission.start(ctx, gen)
@@ -127,9 +128,16 @@ def _add_cache_report(app: FastAPI, ctx: ServerContext) -> None:
         if first_n < 1:
             raise ApiError(400, f"first_n must be >= 1, got {first_n}", param="first_n")
         only = cache_report_scope(ctx.http, request.headers.get("authorization"), cache_salt, extra_key)
+        tenant = request.state.tenant  # a tenant's key: its own cache and its own row
+        if tenant is not None and only is not None and not tenant.share_cache:
+            only = msgspec.structs.replace(only, tenant=tenant.tenant)
         report = ctx.manager.cache_report.report(first_n, only)
-        if only is None or not (ctx.http.api_key or ctx.http.admin_api_key):  # every namespace's figures:
-            report["memory"] = memory_section(ctx.manager.stats())  # an admin's, or anyone's where all is open
+        stats = ctx.manager.stats()
+        if only is None or not (ctx.http.api_key or ctx.http.admin_api_key or ctx.keys):  # every namespace's figures:
+            report["memory"] = memory_section(stats)  # an admin's, or anyone's where all is open
+            report["tenants"] = tenants_section(stats)
+        elif tenant is not None:
+            report["tenants"] = tenants_section(stats, tenant.tenant)
         return json_response(report)
 
 

@@ -108,7 +108,8 @@ def native_request(body: OpenAISampling, **fields: Any) -> GenerateRequest:
     """The native request of an OpenAI one: its prompt, sampling and logprob fields (given), and
     what both routes pass through alike (rid, the cache namespace, cache_control)."""
     return GenerateRequest(return_text_in_logprobs=True, rid=body.rid, cache_salt=body.cache_salt,
-                           extra_key=body.extra_key, cache_control=body.cache_control, **fields)
+                           extra_key=body.extra_key, cache_control=body.cache_control, priority=body.priority,
+                           **fields)
 
 
 def _sampling(body: OpenAISampling, overrides: dict[str, Any]) -> SamplingParamsIn:

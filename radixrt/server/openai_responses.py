@@ -167,7 +167,7 @@ def chat_choice(tok: Any, state: ReqState, index: int, text: str, logprobs: tupl
 
 async def respond(ctx: ServerContext, request: Request, body: OpenAISampling, req: GenerateRequest,
                    view: ChoiceView, logprobs: bool) -> Response:
-    sub = await Submission.start(ctx, await generate_input(ctx, req))
+    sub = await Submission.start(ctx, await generate_input(ctx, req, request))
     chat = view is chat_choice or isinstance(view, ToolChatView)
     meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": body.model or ctx.args.model_name}  # what was asked for, as SGLang answers

@@ -162,7 +162,6 @@ CHAT_UNSUPPORTED: dict[str, Any] = {**OPENAI_UNSUPPORTED, "max_dynamic_patch": N
 # accepted with any value. Field -> why.
 OPENAI_IGNORED: dict[str, str] = {
     "user": "an end-user id for the client's own tracking",
-    "priority": "no priority scheduling (SGLang without --enable-priority-scheduling ignores it too)",
 }
 COMPLETION_IGNORED: dict[str, str] = {
     **OPENAI_IGNORED,
