@@ -206,6 +206,28 @@ def test_cache_aware_router_in_front_of_two_servers_sends_a_document_where_it_is
 
 
 @needs_router
+def test_dp_size_2_spreads_a_document_s_questions_under_load_and_keeps_sequential_ones_home(dp, llama_path):
+    """launch_server's router thresholds (ServerArgs.router_*): with sglang-router's own (abs 64)
+    all these questions would go to the document's home. A request sent alone sees equal loads,
+    so it goes where its prefix is (and a sequential cold miss to the first replica, whatever
+    the thresholds: see docs/architecture.md)."""
+    tok, ids = tokenizer(llama_path), corpus_ids(llama_path)
+    doc = tok.decode(ids[3000:3300])
+    before = [counters(u) for u in dp.replica_urls]
+    ask(dp.url, doc)
+    home = [p1 - p0 for (p0, _), (p1, _) in zip(before, [counters(u) for u in dp.replica_urls])]
+    assert sorted(n > 0 for n in home) == [False, True], home
+    for q in (" Who?", " When?"):  # one at a time: each goes home
+        ask(dp.url, doc + q)
+    alone = [p1 - p0 for (p0, _), (p1, _) in zip(before, [counters(u) for u in dp.replica_urls])]
+    assert [n > 0 for n in alone] == [n > 0 for n in home], (home, alone)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:  # eight at once, 32 forced tokens each
+        list(pool.map(lambda i: ask(dp.url, doc + f" Question {i}?", max_new_tokens=32), range(8)))
+    loaded = [p1 - p0 for (p0, _), (p1, _) in zip(before, [counters(u) for u in dp.replica_urls])]
+    assert all(n > 0 for n in loaded), f"every question went to the document's home: {loaded}"
+
+
+@needs_router
 def test_dp_size_2_stops_cleanly_on_sigterm(dp):
     """Last of the tests on `dp`: it stops the deployment."""
     pids = descendants(dp.proc.pid)
