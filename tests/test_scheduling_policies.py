@@ -132,6 +132,9 @@ def test_the_cadence_cuts_a_long_prompts_chunks_while_others_decode():
     starved = StepTokens(budget, [50] * 8, None)
     starved.work_left = 0.0
     assert starved.allow(long_prompt, 3500) == MIN_CHUNK, "a cut step still moves every prompt forward"
+    starved.spend(long_prompt, MIN_CHUNK)
+    assert starved.allow(Req.from_msg(req("long2", [2] * 2000, 4)), 2000) == 0, "its tenant had its floor"
+    assert not starved.exhausted and starved.allow(_req("short"), 900) == 900, "short prompts never wait for the cut"
 
 
 def test_a_scheduler_under_the_cadence_and_tenants_completes_every_request_exactly():

@@ -120,20 +120,21 @@ class StepTokens:
 
     @property
     def exhausted(self) -> bool:
-        return self.tokens_left <= 0 or (self.work_left is not None and self.work_left <= 0)
+        """No prompt token may run any more this step (the cadence cuts only long prompts: allow)."""
+        return self.tokens_left <= 0
 
     def allow(self, r: Req, want: int) -> int:
-        """How many of r's next `want` prompt tokens run this step."""
+        """How many of r's next `want` prompt tokens run this step (0: none; r waits)."""
         share = self.shares.get(r.tenant, 1.0) if self.shares is not None else 1.0
         tokens, work = self.spent[r.tenant]
-        n = min(want, self.budget.chunk, self.tokens_left, max(0, int(share * self.tokens_total) - tokens))
-        if self.work_total is not None and r.prompt_len > LONG_PROMPT:
-            fit = self.budget.tokens_for(r.kv_len, n, min(self.work_left, share * self.work_total - work))
-            self.cut |= fit < n
-            n = fit
-        if tokens == 0:  # the tenant's first chunk this step
-            n = max(n, min(want, MIN_CHUNK, self.budget.chunk))
-        return max(n, 0)
+        n = max(0, min(want, self.budget.chunk, self.tokens_left, int(share * self.tokens_total) - tokens))
+        if self.work_total is None or r.prompt_len <= LONG_PROMPT:
+            return n
+        fit = self.budget.tokens_for(r.kv_len, n, max(0.0, min(self.work_left, share * self.work_total - work)))
+        if tokens == 0:  # the tenant's first chunk this step: a cut step still moves it forward
+            fit = max(fit, min(n, MIN_CHUNK))
+        self.cut |= fit < n
+        return fit
 
     def spend(self, r: Req, n: int) -> None:
         w = token_work(r.kv_len, n, self.budget.attention)
