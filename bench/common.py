@@ -104,3 +104,20 @@ def save_model_result(name: str, model: str, result: dict[str, Any], plot: Calla
     print("\nwrote", write_result(name, {"models": models}))
     plot(models, RESULTS / f"{name}.png")
     print("wrote", RESULTS / f"{name}.png")
+
+
+class ClientTimes:
+    """A request's latencies as its client saw them, from the record's `sent`, `first` (the first
+    chunk with a token), `done` and `output_tokens`; TPOT is the mean gap after the first token."""
+
+    @property
+    def ttft(self) -> float:
+        return self.first - self.sent
+
+    @property
+    def e2e(self) -> float:
+        return self.done - self.sent
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None

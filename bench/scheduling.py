@@ -65,7 +65,7 @@ from typing import Any
 
 import aiohttp
 import requests
-from common import RESULTS, ROOT, ensure_model, write_result
+from common import RESULTS, ROOT, ClientTimes, ensure_model, write_result
 from peaks import host
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -124,7 +124,7 @@ class Req:
 
 
 @dataclass
-class Rec:
+class Rec(ClientTimes):
     """One request as the client saw it (perf_counter seconds)."""
 
     kind: str
@@ -148,16 +148,8 @@ class Rec:
         return self.status == 503 or "queue is full" in (self.error or "")
 
     @property
-    def ttft(self) -> float:
-        return self.chunks[0] - self.sent
-
-    @property
-    def e2e(self) -> float:
-        return self.done - self.sent
-
-    @property
-    def tpot(self) -> float | None:
-        return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+    def first(self) -> float:
+        return self.chunks[0]
 
     @property
     def gaps(self) -> list[float]:

@@ -80,7 +80,7 @@ from typing import Any
 
 import aiohttp
 import requests
-from common import ROOT, Poller, ensure_model, random_prompts, save_model_result
+from common import ROOT, ClientTimes, Poller, ensure_model, random_prompts, save_model_result
 from server_figures import POLL_S, figures_table, ms, scrape, server_figures, server_info
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -128,7 +128,7 @@ class Load:
 
 
 @dataclass(frozen=True)
-class Record:
+class Record(ClientTimes):
     """One request as the client saw it; times in seconds, from the load's start."""
 
     arrival: float  # when the Poisson process said to send it
@@ -142,17 +142,6 @@ class Record:
     def ok(self) -> bool:
         return self.done is not None and self.first is not None and self.error is None
 
-    @property
-    def ttft(self) -> float:
-        return self.first - self.sent
-
-    @property
-    def e2e(self) -> float:
-        return self.done - self.sent
-
-    @property
-    def tpot(self) -> float | None:
-        return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
 
 
 # -- workloads ---------------------------------------------------------------------------

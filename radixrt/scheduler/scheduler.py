@@ -59,7 +59,7 @@ from radixrt.scheduler.queue_limits import QueueLimits
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.speculation import Draft, Speculator
 from radixrt.scheduler.spot_checks import SpotChecks
-from radixrt.scheduler.step_budget import StepBudget, StepTokens
+from radixrt.scheduler.step_budget import LONG_PROMPT, StepBudget, StepTokens
 from radixrt.scheduler.stop import StopChecker
 from radixrt.scheduler.tenants import Tenants
 from radixrt.scheduler.tier_costs import TierCosts
@@ -313,7 +313,8 @@ class Scheduler:
         for r in order:
             if tokens.exhausted or not self.free_slots:
                 break
-            allowed = tokens.allow(r, r.extend_len)
+            start = self.mem.prefix_len(r) if tokens.cutting and r.extend_len > LONG_PROMPT else None  # cached
+            allowed = tokens.allow(r, r.extend_len if start is None else r.seq_len - start, start)
             if allowed <= 0:  # its tenant's share of this step is spent
                 continue
             a = self.admitter.admit(r, allowed, reserve, prefilling)

@@ -7,8 +7,8 @@ predicted to take at most --max-decode-slowdown (X) times a decode-only step: ea
 request then sees its next token at most X times later than it would without the prompts,
 and a long prompt is prefilled over several steps instead (its TTFT grows to about X / (X - 1)
 times its own prefill time while decodes run; nothing is cut when none do). Only prompts
-longer than LONG_PROMPT are cut; shorter ones run whole, and what they spend leaves less for
-the long ones.
+whose uncached part is longer than LONG_PROMPT are cut; shorter ones (a question after a
+cached document, too) run whole, and what they spend leaves less for the long ones.
 
 The prediction is a line fitted to the recent steps (StepCost): seconds = fixed + per_work *
 work, where a token's work is 1 + attention_per_position * (positions it attends), the unit
@@ -26,7 +26,7 @@ from radixrt.scheduler.req import Req
 STEP_DECAY = 0.02  # about the last 50 steps
 MIN_STEPS = 8  # steps observed before the fit is used
 MIN_CHUNK = 16  # a cut step still prefills this many tokens, so a prompt always progresses
-# Prompts of at most this many tokens are never cut: their whole prefill costs a few decode steps,
+# Prompts with at most this many uncached tokens are never cut: their whole prefill costs a few decode steps,
 # and admitting them at once keeps a batch's throughput (they spend the cadence's budget all the same)
 LONG_PROMPT = 1024
 
@@ -123,14 +123,25 @@ class StepTokens:
         """No prompt token may run any more this step (the cadence cuts only long prompts: allow)."""
         return self.tokens_left <= 0
 
-    def allow(self, r: Req, want: int) -> int:
-        """How many of r's next `want` prompt tokens run this step (0: none; r waits)."""
+    @property
+    def cutting(self) -> bool:
+        """The decodes' cadence limits this step (requests decode and the step cost is fitted)."""
+        return self.work_total is not None
+
+    def allow(self, r: Req, want: int, start: int | None = None) -> int:
+        """How many of r's next `want` prompt tokens, after `start` cached ones (default: its
+        kv_len), run this step (0: none; r waits). A prompt whose uncached part is longer than
+        LONG_PROMPT is cut from then on (Req.long_prefill), to its last chunk."""
         share = self.shares.get(r.tenant, 1.0) if self.shares is not None else 1.0
         tokens, work = self.spent[r.tenant]
         n = max(0, min(want, self.budget.chunk, self.tokens_left, int(share * self.tokens_total) - tokens))
-        if self.work_total is None or r.prompt_len <= LONG_PROMPT:
+        if not self.cutting:
             return n
-        fit = self.budget.tokens_for(r.kv_len, n, max(0.0, min(self.work_left, share * self.work_total - work)))
+        r.long_prefill |= want > LONG_PROMPT
+        if not r.long_prefill:
+            return n
+        left = max(0.0, min(self.work_left, share * self.work_total - work))
+        fit = self.budget.tokens_for(r.kv_len if start is None else start, n, left)
         if tokens == 0:  # the tenant's first chunk this step: a cut step still moves it forward
             fit = max(fit, min(n, MIN_CHUNK))
         self.cut |= fit < n
