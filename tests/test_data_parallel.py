@@ -186,11 +186,11 @@ def test_cache_aware_router_in_front_of_two_servers_sends_a_document_where_it_is
     # server; with equal loads it routes by cache.
     with router(servers, "cache_aware", "--balance-abs-threshold", "0", "--balance-rel-threshold", "1.0") as url:
         assert outputs(url, prompts) == alone
-        # Both documents' first questions at once, 64 forced tokens each so that they overlap in
-        # the router: the second goes to the server the first does not load, so each document
-        # starts on its own server...
+        # Both documents' first questions at once, 256 forced tokens each so that they overlap in
+        # the router even on a loaded machine (64 did not always): the second goes to the server
+        # the first does not load, so each document starts on its own server...
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda doc: ask(url, doc + " Who?", max_new_tokens=64), docs))
+            list(pool.map(lambda doc: ask(url, doc + " Who?", max_new_tokens=256), docs))
         homes = []
         for doc in docs:  # ...and its later questions follow it there
             before = [counters(u) for u in servers]
