@@ -54,7 +54,6 @@ class Req:
     spot_check: bool = False  # a quality spot check re-scores it when done (scheduler/spot_checks.py)
     live_logprobs: list[float] = field(default_factory=list)  # spot_check: the logprob of each token it emitted
     spec: RequestSpec | None = None  # on a speculating server, from its first admission (scheduler/speculation.py)
-    priority: int | None = None  # SGLang's field, as sent
     rank: int = 0  # its priority as an order, larger first (scheduler/priorities.py; 0 without priorities)
     tenant: str = ""  # whose share and quota it counts in (scheduler/tenants.py)
     arrived_at: float = 0.0  # time.monotonic() at intake: the waiting timeout's clock
@@ -64,7 +63,7 @@ class Req:
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:
         return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.namespace,
-                   pin_ttl=m.pin_ttl, priority=m.priority)
+                   pin_ttl=m.pin_ttl)
 
     @property
     def prompt_len(self) -> int:

@@ -339,7 +339,7 @@ class Scheduler:
         newest first, as many as it needs, or none when even all of them would not do."""
         if not self.priorities.enabled or not self.waiting:
             return
-        top, ps = self._ordered_waiting()[0], self.mem.page_size
+        top, ps = max(self.waiting, key=lambda r: r.rank), self.mem.page_size  # the first among equals
         cached = self.mem.prefix_len(top)
         first = cached + min(top.seq_len - cached, self.args.prefill_chunk)  # its first chunk's end
         short = -(-first // ps) - cached // ps + self.budget.reserve_pages(self.running) - self.mem.available
