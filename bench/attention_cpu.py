@@ -6,12 +6,12 @@ Candidates (each returns [B, heads, head_dim]):
               model's dtype, then scaled_dot_product_attention with a mask (the baseline)
   sdpa_f32    gather by index_select into head-major float32, then scaled_dot_product_attention
   grouped     the torch path: the same gather (PagedKVCache.read_heads), then two grouped
-              float32 matmuls and a softmax (kernels/decode_attention.py)
+              float32 matmuls and a softmax (radixrt/kernels/decode_attention.py)
   pages       whole pages gathered by page id (index_select over [pages, page_size, ...]),
               padding masked, then grouped: the closest torch ops come to reading pages in place
-  native-ISA  the compiled kernel (kernels/csrc/paged_attention.c) reading the pool in place,
+  native-ISA  the compiled kernel (radixrt/kernels/csrc/paged_attention.c) reading the pool in place,
               row by row from each request's pages, no gathered copy, once per variant this
-              CPU runs (native-avx512, native-avx2, native-scalar; kernels/native_build.py).
+              CPU runs (native-avx512, native-avx2, native-scalar; radixrt/kernels/native_build.py).
               TorchBackend runs the best of them (`chosen`) where it builds, the torch path
               (`grouped`) where it does not
 Sweeps one axis at a time around a base point (batch 64, 600 KV tokens, head_dim 64, GQA

@@ -31,7 +31,7 @@ prompt-token count is a little higher. On tree_of_thought it is lower: our fork 
 far (the system turn) as a prefill-only request in every program, while SGLang's fork tests its
 text before its worker thread has appended the system turn, finds it empty and sends none (seen
 in the requests it sends; the traced prefix stands in). Both score a select's choices with the
-same arithmetic (lang/scoring.py follows SGLang's frontend: the mean prompt logprob from two tokens
+same arithmetic (radixrt/lang/scoring.py follows SGLang's frontend: the mean prompt logprob from two tokens
 before the boundary, with its token healing), so on equal prompts the selected towns agree too.
 
 Per run: wall time, programs/s, generated tokens/s (the server's generation_tokens counter from

@@ -1,7 +1,7 @@
 """A decoder layer's non-GEMM work three ways (issue 30, item 3): torch ops, compiled C kernels, torch.compile.
 
 The layer's norms (with the residual add), rope and act(gate) * up run through the model's
-layer ops (kernels/fused_layers.py; radixrt.models.llama.use_layer_ops), in one of:
+layer ops (radixrt/kernels/fused_layers.py; radixrt.models.llama.use_layer_ops), in one of:
 
     torch          the references: a handful of eager ops each, casting bf16 to float32 and back
     fused          csrc/fused_layers.c through ctypes (what the runtime uses on CPU)
@@ -66,7 +66,7 @@ MODELS = Path.home() / ".cache" / "radixrt-peers" / "models"
 @dataclass(frozen=True)
 class Variant:
     name: str
-    ops: Any  # the layer ops (kernels/fused_layers.py: TorchLayers)
+    ops: Any  # the layer ops (radixrt/kernels/fused_layers.py: TorchLayers)
     compile_layers: bool = False  # run each DecoderLayer.forward through torch.compile
 
 

@@ -239,8 +239,8 @@ def replay(run: Replay) -> dict[str, Any]:
 
 
 def old_tree(commit: str, into: Path) -> Path:
-    """Unpack commit's radixrt package into `into` (kernels/ and lang/ come from the installed ones; the
-    scheduler's imports do not reach them)."""
+    """Unpack commit's radixrt package into `into` (older commits kept kernels/ and lang/ outside
+    radixrt/; the scheduler's imports reach neither)."""
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "radixrt"], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into

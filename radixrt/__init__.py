@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# The frontend DSL (package radixrt.lang, folder lang/): re-exported here so programs
+# The frontend DSL (package radixrt.lang): re-exported here so programs
 # read `import radixrt as rt; rt.gen(...)`.
 LANG_EXPORTS = (
     "function", "gen", "select", "system", "user", "assistant",

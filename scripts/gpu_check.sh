@@ -177,7 +177,7 @@ print("probe: device", torch.cuda.get_device_name(), "capability", torch.cuda.ge
 
 step_jit() {
   "$PY" -P - <<'PY'
-# The modules the run's shapes need, by FlashInferBackend's own rule (kernels/flashinfer_backend.py);
+# The modules the run's shapes need, by FlashInferBackend's own rule (radixrt/kernels/flashinfer_backend.py);
 # dry run: the JitSpecs constructed where flashinfer-python is importable, never compiled.
 import os, sys, time
 import torch

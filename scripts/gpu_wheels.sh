@@ -11,5 +11,5 @@ platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --p
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${platforms[@]}" -d .whl flashinfer-python==0.6.13 apache-tvm-ffi==0.1.15.post2 msgspec pyzmq fastapi uvicorn \
   starlette pydantic pydantic-core annotated-types typing-inspection
-.venv/bin/python -m pip wheel -q --no-deps -w .whl .   # radixrt itself: the kernels/ and lang/ mapping needs an install
+.venv/bin/python -m pip wheel -q --no-deps -w .whl .   # radixrt itself, with its compiled-kernel sources
 du -sh .whl && ls .whl

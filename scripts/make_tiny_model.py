@@ -103,38 +103,19 @@ TINY_NORM_WEIGHT_STD = 0.2
 QKV_BIAS_STD = 0.1
 
 
-@contextlib.contextmanager
-def _repo_root_off_sys_path() -> Iterator[None]:
-    """Temporarily drop the repo root from sys.path (used while importing transformers).
-
-    Why: the repo root holds `kernels/` (installed as `radixrt.kernels`). When the root is on
-    sys.path (`python -m pytest`, `python -c` run from the root), transformers' probe for the
-    unrelated Hugging Face `kernels` package imports our folder instead, and `import transformers`
-    breaks whenever that import does. The probe is cached (lru_cache), so importing transformers
-    once without the root is enough.
-    """
-    saved = list(sys.path)
-    sys.path[:] = [p for p in saved if Path(p or ".").resolve() != REPO_ROOT]
-    try:
-        yield
-    finally:
-        sys.path[:] = saved
-
-
-with _repo_root_off_sys_path():
-    import torch
-    import transformers
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import (
-        AutoModelForCausalLM,
-        GenerationConfig,
-        LlamaConfig,
-        PretrainedConfig,
-        PreTrainedModel,
-        PreTrainedTokenizerFast,
-        Qwen2Config,
-    )
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_REGEX
+import torch
+import transformers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_REGEX
 
 
 # --------------------------------------------------------------------------- tokenizer

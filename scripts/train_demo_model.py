@@ -30,12 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import world  # noqa: E402
 from make_tiny_model import EOS_TOKEN as EOS  # noqa: E402
-from make_tiny_model import IM_END, IM_START, _repo_root_off_sys_path  # noqa: E402
+from make_tiny_model import IM_END, IM_START  # noqa: E402
 
-with _repo_root_off_sys_path():
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "assets" / "world-llama"

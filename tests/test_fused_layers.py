@@ -1,4 +1,4 @@
-"""The compiled layer kernels (kernels/fused_layers.py, csrc/fused_layers.c) against their torch
+"""The compiled layer kernels (radixrt/kernels/fused_layers.py, csrc/fused_layers.c) against their torch
 references, for every ISA variant this CPU can run (the test ids name it): the norms and rope
 bit for bit in float32 and bfloat16 (the norms sum their squares in torch's order, which is
 x86 torch's; elsewhere within 1e-5 relative or one bf16 ulp), act(gate) * up within 1e-5

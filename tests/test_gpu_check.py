@@ -120,7 +120,7 @@ def test_a_failed_step_does_not_stop_the_next_and_unknown_steps_are_refused():
 
 
 def test_jit_modules_follow_the_kernels_flashinfer_plans():
-    """The precompile list is FlashInferBackend's own choice (kernels/flashinfer_backend.py): CUDA-core
+    """The precompile list is FlashInferBackend's own choice (radixrt/kernels/flashinfer_backend.py): CUDA-core
     decode below a GQA group of 4, the fa2 prefill kernel for decode at 4 and above, fa3 prefill on
     SM90 when q and KV share a 16-bit dtype, windows and caps as compile-time variants."""
     import torch

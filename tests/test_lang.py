@@ -64,7 +64,7 @@ def pick(s, prefix: str, choices: list[str]) -> None:
 
 
 def reference_scores(path: Path, prefix: str, choices: list[str]) -> list[float]:
-    """Each choice's score by select's rule (lang/scoring.py, SGLang's), from transformers' logprobs:
+    """Each choice's score by select's rule (radixrt/lang/scoring.py, SGLang's), from transformers' logprobs:
     the entries of prefix+choice from logprob_start(P) on, P = the prefix's own token count."""
     tok, scores = tokenizer(path), []
     start = logprob_start(len(tok(prefix)["input_ids"]))

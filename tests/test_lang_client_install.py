@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a source install needs; copied so the build never writes build/ or *.egg-info into the repo.
-PROJECT_FILES = ("pyproject.toml", "README.md", "radixrt", "lang", "kernels")
+PROJECT_FILES = ("pyproject.toml", "README.md", "radixrt")
 SERVER_ONLY = {"torch", "transformers", "tokenizers", "safetensors", "pyzmq", "uvloop", "fastapi", "uvicorn"}
 
 PROGRAM = r'''

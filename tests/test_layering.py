@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 L0 = {"radixrt", "radixrt.config", "radixrt.errors", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils",
       "radixrt.retention", "radixrt.stats", "radixrt.config_views", "radixrt.namespace", "radixrt.speculative",
-      "radixrt.quant_settings", "radixrt.scheduling_settings"}
+      "radixrt.quant_settings", "radixrt.scheduling_settings", "radixrt.lora_settings"}
 # package -> radixrt packages it may import (besides itself)
 ALLOWED = {
     "radixrt.kernels": set(),
@@ -25,7 +25,6 @@ ALLOWED = {
     # the package __init__: lazy exports of the Engine and the DSL (the only runtime file that names lang)
     "radixrt": {"radixrt.engine", "radixrt.config", "radixrt.lang"},
 }
-FOLDER_PACKAGES = {"kernels": "radixrt.kernels", "lang": "radixrt.lang"}  # folder -> the package it installs as
 COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.launch", "radixrt.cli", "radixrt.launch_server",
                      "radixrt.ops"}
 PROCESS_MODULES = {"subprocess", "multiprocessing", "radixrt.launch"}  # what starting a process takes
@@ -34,9 +33,6 @@ L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc", "retention
 
 def package_of(path: Path) -> str:
     rel = path.relative_to(ROOT)
-    top = FOLDER_PACKAGES.get(rel.parts[0])
-    if top:
-        return top
     if len(rel.parts) == 2:
         return "radixrt" if rel.stem == "__init__" else "radixrt." + rel.stem
     return "radixrt." + rel.parts[1]
@@ -56,7 +52,7 @@ def radixrt_imports(path: Path) -> set[str]:
 
 
 def test_imports_point_one_way():
-    files = [p for d in ("radixrt", "kernels", "lang") for p in (ROOT / d).rglob("*.py")]
+    files = [p for p in (ROOT / "radixrt").rglob("*.py")]
     assert files
     violations = []
     for path in files:
@@ -119,7 +115,6 @@ def test_import_radixrt_does_not_import_torch():
 
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
-    parts[0] = FOLDER_PACKAGES.get(parts[0], parts[0])
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -197,7 +192,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles():
-    graph = import_graph([ROOT / d for d in ("radixrt", "kernels", "lang")], ROOT)
+    graph = import_graph([ROOT / "radixrt"], ROOT)
     assert "radixrt.lang.state" in graph and "radixrt.kernels" in graph
     cycles = find_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

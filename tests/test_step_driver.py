@@ -17,7 +17,7 @@ from radixrt.scheduler.scheduler import Scheduler
 from radixrt.scheduler.step import drive
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("radixrt", "kernels", "lang", "bench", "scripts", "examples", "tests")
+FOLDERS = ("radixrt", "bench", "scripts", "examples", "tests")
 DRIVER = "radixrt/scheduler/step.py"
 # The scheduler's own unit tests look between schedule() and process(); the tier classes and
 # their unit tests hand moves on inside the scheduler package, and bench/kv_tiers_sim.py replays

@@ -68,8 +68,8 @@ def main() -> None:
     # must not interrupt one while it is still importing. configure_child keeps this.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     spec: ChildSpec = read_frame(sys.stdin.buffer, ChildSpec)
-    # NOTE: `-c` put the cwd first on sys.path; a folder there (the repo's kernels/, say)
-    # could shadow a package that transformers probes. Import the rest as the parent does.
+    # NOTE: `-c` put the cwd first on sys.path; a folder there could shadow a package the
+    # parent imported from elsewhere. Import the rest as the parent does.
     sys.path[:] = spec.sys_path
     if spec.role == "worker":
         from radixrt.worker.worker_proc import run_worker

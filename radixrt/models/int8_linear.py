@@ -14,7 +14,7 @@ Kernels (Int8Kernel) compute a scheme; the reference of each (reference_w8a8, re
 does the same quantized arithmetic in float64, and tests hold every kernel to it:
   * w8a8 "int_mm": torch._int_mm (oneDNN's s8s8 GEMM: AVX512-VNNI or AMX-INT8 where the CPU
     has them, AVX2's vpmaddubsw otherwise; cuBLAS on CUDA), with the quantization of x and the
-    rescaling done by the compiled kernels of kernels/int8_ops.py where they load.
+    rescaling done by the compiled kernels of radixrt/kernels/int8_ops.py where they load.
   * w8a8 "dequantized": float32 GEMM over weights dequantized once (x still quantized per
     token): the same numbers up to float32 accumulation, for a host whose int8 GEMM is slow.
   * int8wo "int8pack_mm": torch's _weight_int8pack_mm (what torchao runs on CPU).

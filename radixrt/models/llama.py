@@ -11,7 +11,7 @@ sliding window and soft-capping: ModelConfig.attention_layers).
 
 The layers carry the residual stream beside their output, as vLLM does, so that the add
 before each norm fuses into it (add_rms_norm). The non-GEMM work (norms, rope, act * up)
-runs through the modules' `ops`: the compiled CPU kernels of kernels/fused_layers.py for
+runs through the modules' `ops`: the compiled CPU kernels of radixrt/kernels/fused_layers.py for
 bf16 activations on CPU, the torch references otherwise (use_layer_ops).
 
 Tensor parallelism (Megatron style): attention heads and the MLP's

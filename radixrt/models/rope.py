@@ -222,5 +222,5 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] table rows (the positions, or table_rows' answer); q: [T, heads, head_dim];
-        k: [T, kv_heads, head_dim] -> (q, k) rotated, new tensors (kernels/fused_layers.py: rope_ref)."""
+        k: [T, kv_heads, head_dim] -> (q, k) rotated, new tensors (radixrt/kernels/fused_layers.py: rope_ref)."""
         return self.ops.rope(q, k, self.cos, self.sin, positions)

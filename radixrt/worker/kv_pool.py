@@ -38,7 +38,7 @@ def page_table_bytes(max_running_requests: int, context_length: int, page_size: 
 
 
 def pool_bytes(num_pages: int, page_size: int, bytes_per_token: int) -> int:
-    """Bytes of a pool of num_pages (one rank): its pages plus the zeroed padding page (kernels/kv_cache.py)."""
+    """Bytes of a pool of num_pages (one rank): its pages plus the zeroed padding page (radixrt/kernels/kv_cache.py)."""
     return (num_pages + 1) * page_size * bytes_per_token
 
 

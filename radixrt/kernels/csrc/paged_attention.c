@@ -1,7 +1,7 @@
 /* Paged attention on CPU (decode, prefill chunks over a cached prefix, a cascade's shared prefix),
  * reading the KV pool in place, one source for every ISA.
  *
- * Built once per instruction set by kernels/native_build.py (-DRADIXRT_ISA_AVX512, _AVX2 or
+ * Built once per instruction set by radixrt/kernels/native_build.py (-DRADIXRT_ISA_AVX512, _AVX2 or
  * _SCALAR, with explicit -m flags, never -march=native), which picks the variant at run time;
  * the entry point carries the ISA's name (radixrt_paged_attention_avx512). Only the small
  * vector layer below differs between variants; the kernel is written once over it.
@@ -41,7 +41,7 @@
  * Returns 0, or: 1 unknown kind, 2 H not a multiple of KVH, 3 out of memory, 4 bad window or
  * softcap, 5 D not a multiple of this variant's vector lanes, 6 a request with no queries or
  * more queries than tokens.
- * The python reference is kernels/decode_attention.py (attend); tests hold every variant to
+ * The python reference is radixrt/kernels/decode_attention.py (attend); tests hold every variant to
  * naive attention.
  */
 #include <math.h>

@@ -1,7 +1,7 @@
 /* The two passes around a w8a8 int8 GEMM on CPU: per-token quantization of the activations
- * before it, and the rescaling of its int32 sums after it (kernels/int8_ops.py).
+ * before it, and the rescaling of its int32 sums after it (radixrt/kernels/int8_ops.py).
  *
- * Built once per instruction set by kernels/native_build.py; entry points carry the ISA's name.
+ * Built once per instruction set by radixrt/kernels/native_build.py; entry points carry the ISA's name.
  * Plain loops the compiler vectorizes with the ISA's -m flags: every operation is an IEEE float32
  * operation in the order the torch reference (radixrt/models/int8_linear.py) does it, so the
  * results equal torch's bit for bit:

@@ -1,5 +1,5 @@
 /* The vector layer the CPU kernels of this folder are written over: one section per ISA,
- * selected by the -DRADIXRT_ISA_<NAME> that kernels/native_build.py compiles each variant with
+ * selected by the -DRADIXRT_ISA_<NAME> that radixrt/kernels/native_build.py compiles each variant with
  * (AVX512BF16 and AVX512: 16 float32 lanes, the first with a bf16 dot product; AVX2: 8;
  * SCALAR: 1, plain C for any target). A kernel uses only
  * these names (vf, VL, v_*), so its source is the same for every variant; ISA_NAME suffixes its

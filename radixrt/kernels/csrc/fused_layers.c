@@ -1,6 +1,6 @@
 /* A decoder layer's non-GEMM work on CPU, fused: RMSNorm with the residual add, rope, act(gate) * up.
  *
- * Built once per instruction set by kernels/native_build.py (-DRADIXRT_ISA_AVX512, _AVX2, ...,
+ * Built once per instruction set by radixrt/kernels/native_build.py (-DRADIXRT_ISA_AVX512, _AVX2, ...,
  * explicit -m flags); each entry point carries the ISA's name (radixrt_rms_norm_avx512). The
  * kernels are written once over the shared vector layer (simd.h) and the few operations below
  * it lacks, so the variants compute the same float32 operations in the same order (but exp's
@@ -8,7 +8,7 @@
  *
  * Activations are float32 (kind 0) or bfloat16 (kind 1). The math is float32, and a bf16 value
  * is rounded (to nearest, ties to even, as torch does) exactly where the torch reference rounds
- * one (kernels/fused_layers.py: rms_norm_ref, add_rms_norm_ref, rope_ref, act_mul_ref). So the
+ * one (radixrt/kernels/fused_layers.py: rms_norm_ref, add_rms_norm_ref, rope_ref, act_mul_ref). So the
  * results equal the reference's bit for bit (the norm sums its squares in torch's own order:
  * torch_row_sum) except where exp is taken (ours, not Sleef's): the activations may move a bf16
  * result by one ulp, rarely. tests/test_fused_layers.py holds every variant to them.
