@@ -18,6 +18,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         kind = str(f.type).replace(" | None", "")
         if kind == "bool":
             parser.add_argument(flag, action="store_true", help=help_text)
+        elif kind == "list[str]":  # SGLang's nargs="*" lists (--lora-paths A=x B=y)
+            parser.add_argument(flag, nargs="*", type=str, default=None, help=help_text)
         else:
             default = f.default if f.default is not dataclasses.MISSING else None
             if "default" not in help_text:

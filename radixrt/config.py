@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixrt.lora_settings import LoraServing, check_lora_args
 from radixrt.quant_settings import check_quantization_args
 from radixrt.retention.policies import wants_mass
 from radixrt.retention.settings import Retention, server_settings
@@ -37,7 +38,7 @@ SAMPLING_DEFAULTS = ("model", "openai")
 # near-tied logits flip, agree 0.95 (int8) and 0.60-0.78 (fp8). int8 weights (w8a8_int8) agree
 # 0.935 in float32 (tests/test_real_model_quant.py holds them to this floor too).
 KV_QUANT_MIN_AGREEMENT = 0.85
-# SGLang's names for our attention backends (kernels/registry.py), normalized at construction
+# SGLang's names for our attention backends (radixrt/kernels/registry.py), normalized at construction
 ATTENTION_BACKEND_ALIASES = {"torch_native": "torch"}
 
 
@@ -167,6 +168,28 @@ class ServerArgs:
     tenant_kv_quota: float = _arg(
         1.0, "the cached KV pages one tenant may hold before its pages are evicted first, as a fraction of the "
         "device pool (a keys file's kv_quota overrides it per tenant); pins past it are refused; 1: no quota"
+    )
+    enable_lora: bool = _arg(False, "serve LoRA adapters (set by --lora-paths): docs/lora.md")
+    lora_paths: list[str] | None = _arg(
+        None, "adapters served from the start: NAME=PATH, PATH (named by its path) or JSON "
+        '{"lora_name": ..., "lora_path": ..., "pinned": false}; PATH is a PEFT checkpoint directory'
+    )
+    max_lora_rank: int | None = _arg(None, "the largest adapter rank the slots hold (default: the largest of --lora-paths)")
+    lora_target_modules: list[str] | None = _arg(
+        None, "the modules adapters may add to: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj qkv_proj "
+        "gate_up_proj, or all (default: those of --lora-paths)"
+    )
+    max_loras_per_batch: int = _arg(
+        8, "adapter slots in the model: the distinct adapters one step runs at most (the base model not counted)"
+    )
+    max_loaded_loras: int | None = _arg(
+        None, "adapters registered at most; loading one more unloads the least recently used unpinned one "
+        "(default: no limit)"
+    )
+    lora_eviction_policy: str = _arg("lru", "which idle unpinned adapter leaves its slot for another: lru or fifo")
+    lora_backend: str = _arg(
+        "csgmv", "SGLang's LoRA kernels (triton, csgmv, ascend, torch_native): every choice runs radixrt's grouped "
+        "torch matmuls"
     )
     radix_eviction_policy: str = _arg(
         "lru", "the order cached KV pages leave the device pool and the host and disk tiers (always leaves first): "
@@ -375,6 +398,7 @@ class ServerArgs:
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
         self._check_scheduling()
+        self._check_lora()
         if self.radix_eviction_policy not in ("lru", "lfu", "cost"):
             raise ValueError(f"radix_eviction_policy must be lru, lfu or cost, got {self.radix_eviction_policy!r}")
         if self.hicache_write_policy not in ("write_through", "write_through_selective", "write_back"):
@@ -475,6 +499,15 @@ class ServerArgs:
         if self.api_keys_file is not None:
             load_api_keys(self.api_keys_file)  # ValueError naming the file and the key
 
+    def _check_lora(self) -> None:
+        """SGLang's: --lora-paths turns LoRA on. The per-step adapter groups are not graph-capturable:
+        decode runs eagerly under LoRA."""
+        if self.lora_paths and not self.enable_lora:
+            object.__setattr__(self, "enable_lora", True)
+        check_lora_args(self)
+        if self.enable_lora:
+            object.__setattr__(self, "disable_cuda_graph", True)
+
     def _check_retention(self) -> None:
         settings = self.retention  # ValueError naming the flag
         if wants_mass(settings.policy) and self.attention_backend == "flashinfer":
@@ -501,6 +534,12 @@ class ServerArgs:
     @property
     def speculative(self) -> SpecSettings:
         return spec_settings(self)
+
+    @property
+    def lora(self) -> LoraServing | None:
+        """The LoRA pool (None without --enable-lora), from the start-up adapters' configs (read
+        and hashed on each call: the processes call it once, at start)."""
+        return LoraServing.of(self)
 
     @property
     def prefill_chunk(self) -> int:

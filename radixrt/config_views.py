@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from radixrt.config import ServerArgs
+    from radixrt.lora_settings import LoraServing
     from radixrt.retention.settings import Retention
     from radixrt.speculative.settings import SpecSettings
 
@@ -109,6 +110,7 @@ class SchedulerConfig(ConfigView):
     swap_min_tokens: int
     retention: Retention
     speculative: SpecSettings
+    lora: LoraServing | None
     disable_jump_forward: bool
     constrained_json_disable_any_whitespace: bool
     quality_spot_check_rate: float

@@ -23,6 +23,7 @@ from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import BackendDied, TokenizerManager
 from radixrt.frontend.weights import UpdateWeightsResult, check_update_options, model_info
 from radixrt.launch.backend import prepare_checkpoint, start_serving
+from radixrt.messages import LoraUpdateReply
 from radixrt.model_source import resolve_update_path
 
 PROGRESS_BAR_MIN = 32  # a list at least this long shows a tqdm bar
@@ -58,6 +59,7 @@ class GenerateArgs:
     # keep the prompt cached for a time: {"type": "ephemeral", "ttl": "5m"} (frontend/cache_control.py)
     cache_control: dict[str, Any] | list[dict[str, Any] | None] | None = None
     priority: int | list[int] | None = None  # SGLang's, under --enable-priority-scheduling
+    lora_path: str | list[str | None] | None = None  # SGLang's: the LoRA adapter's name (per prompt in a list)
 
 
 def _takes(params: Callable[P, GenerateArgs]) -> Callable[[Callable[[Engine, GenerateArgs], R]],
@@ -153,6 +155,7 @@ class Engine:
             rid=call.rid, return_logprob=call.return_logprob, logprob_start_len=call.logprob_start_len,
             top_logprobs_num=call.top_logprobs_num, return_text_in_logprobs=call.return_text_in_logprobs,
             cache_salt=call.cache_salt, cache_control=call.cache_control, priority=call.priority,
+            lora_path=call.lora_path,
         )
         if call.stream and len(gen.items) != 1:
             raise RequestError("stream=True takes a single prompt and n=1", "stream")
@@ -225,6 +228,17 @@ class Engine:
         self._check_open()
         return self._manager.cache_report.report(first_n)
 
+    def load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False) -> dict[str, Any]:
+        """SGLang's: serve the PEFT adapter at lora_path as lora_name -> {success, error_message,
+        loaded_adapters (name -> path)}."""
+        self._check_open()
+        return _lora_result(self._manager.lora.load(lora_name, lora_path, pinned))
+
+    def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        """SGLang's: stop serving lora_name (its running requests finish; its KV leaves every tier)."""
+        self._check_open()
+        return _lora_result(self._manager.lora.unload(lora_name))
+
     def flush_cache(self) -> FlushCacheResult:
         """Empty the prefix cache, if no request runs or waits (else success is False)."""
         self._check_open()
@@ -260,6 +274,10 @@ class Engine:
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.shutdown()
+
+
+def _lora_result(reply: LoraUpdateReply) -> dict[str, Any]:
+    return {"success": reply.success, "error_message": reply.error_message, "loaded_adapters": reply.loaded_adapters}
 
 
 def _progress(total: int) -> Any:

@@ -1,8 +1,9 @@
 """Everything that crosses a process boundary, as msgspec Structs.
 
 frontend --TokenizedRequest/AbortRequest--> scheduler --ForwardBatch/KVMoves--> worker
-frontend --GetStats/FlushCache/UpdateWeights--> scheduler --LoadWeights/SpotCheck--> worker
-frontend <--TokenBatchOut/ControlReply/WeightsUpdateReply-- scheduler <--BatchResult/WeightsLoaded/SpotCheckResult-- worker
+frontend --GetStats/FlushCache/UpdateWeights/(Un)LoadLoraAdapter--> scheduler --LoadWeights/SpotCheck/LoadLora--> worker
+frontend <--TokenBatchOut/ControlReply/WeightsUpdateReply/LoraUpdateReply-- scheduler <--BatchResult/WeightsLoaded/
+    SpotCheckResult/LoraLoaded-- worker
 Nothing else travels over zmq; no pickle. Also here: the names of the disk tier's page
 files, which the scheduler checks and the worker writes.
 """
@@ -14,6 +15,7 @@ from typing import Any, Union
 
 import msgspec
 
+from radixrt.lora_settings import AdapterConfig
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.retention.settings import Retention
 from radixrt.sampling_params import SamplingParams
@@ -37,6 +39,7 @@ class TokenizedRequest(msgspec.Struct, tag=True):
     pin_ttl: float | None = None
     priority: int | None = None  # SGLang's; the scheduler reads it under --enable-priority-scheduling
     tenant: str | None = None  # the tenant its API key names (None: its cache namespace's salt is its tenant)
+    lora_name: str | None = None  # the LoRA adapter it runs (its lora_path); None: the base model
 
 
 MAX_PIN_TTL_S = 24 * 3600.0  # the longest pin a request may ask for
@@ -79,8 +82,26 @@ class UpdateWeights(msgspec.Struct, tag=True):
     abort_all_requests: bool = False
 
 
-ControlQuery = Union[GetStats, FlushCache, UpdateWeights]
-FrontendMsg = Union[TokenizedRequest, AbortRequest, GetStats, FlushCache, UpdateWeights, Shutdown]
+class LoadLoraAdapter(msgspec.Struct, tag=True):
+    """Register an adapter the frontend has read and checked (its weights load into a slot when a
+    request first needs them); answered by a LoraUpdateReply."""
+
+    query_id: str
+    adapter: AdapterConfig
+    pinned: bool = False
+
+
+class UnloadLoraAdapter(msgspec.Struct, tag=True):
+    """Forget an adapter: new requests naming it are refused, its running ones finish, and its
+    KV leaves every tier; answered by a LoraUpdateReply."""
+
+    query_id: str
+    lora_name: str
+
+
+ControlQuery = Union[GetStats, FlushCache, UpdateWeights, LoadLoraAdapter, UnloadLoraAdapter]
+FrontendMsg = Union[TokenizedRequest, AbortRequest, GetStats, FlushCache, UpdateWeights, LoadLoraAdapter,
+                    UnloadLoraAdapter, Shutdown]
 
 # -- scheduler -> frontend ---------------------------------------------------
 
@@ -157,7 +178,16 @@ class WeightsUpdateReply(msgspec.Struct, tag=True):
     num_paused_requests: int = 0  # requests that arrived during the update and waited for it
 
 
-SchedulerToFrontend = Union[TokenBatchOut, ControlReply, WeightsUpdateReply]
+class LoraUpdateReply(msgspec.Struct, tag=True):
+    """SGLang's LoRAUpdateOutput: success, error_message and the adapters now loaded (name -> path)."""
+
+    query_id: str
+    success: bool
+    error_message: str | None = None
+    loaded_adapters: dict[str, str] = {}
+
+
+SchedulerToFrontend = Union[TokenBatchOut, ControlReply, WeightsUpdateReply, LoraUpdateReply]
 
 
 # -- scheduler -> worker -----------------------------------------------------
@@ -171,6 +201,7 @@ class SlotInit(msgspec.Struct, array_like=True):
     penalty_ids: list[int]  # prompt ids, only when repetition_penalty is on
     output_ids: list[int] = []  # generated before a retraction: sampling state resumes from them
     long_rope: bool = False  # a longrope model runs the request under its long rope factors (rope.py)
+    lora_slot: int = -1  # the adapter slot its rows add (LoadLora filled it); -1: the base model alone
 
 
 class LogprobSpec(msgspec.Struct, array_like=True):
@@ -272,7 +303,22 @@ class SpotCheck(msgspec.Struct, tag=True):
     live_logprobs: list[float] = []
 
 
-SchedulerToWorker = Union[ForwardBatch, KVMoves, LoadWeights, SpotCheck, Shutdown, Connected]
+class LoadLora(msgspec.Struct, tag=True):
+    """Every rank reads the adapter into slot (its old adapter's tensors go); rank 0 answers with a
+    LoraLoaded. Sent only for a slot no running request uses."""
+
+    slot: int
+    adapter: AdapterConfig
+
+
+class ReadLora(msgspec.Struct, tag=True):
+    """Every rank starts reading a newly registered adapter's tensors into host memory, in the
+    background; a later LoadLora copies them from there. Not answered."""
+
+    adapter: AdapterConfig
+
+
+SchedulerToWorker = Union[ForwardBatch, KVMoves, LoadWeights, SpotCheck, LoadLora, ReadLora, Shutdown, Connected]
 
 # -- the disk tier's page files (the scheduler checks them, the worker writes them) --
 
@@ -389,7 +435,12 @@ class WeightsLoaded(msgspec.Struct, tag=True):
     disk_pages: int = 0
 
 
-WorkerToScheduler = Union[BatchResult, WeightsLoaded, SpotCheckResult]
+class LoraLoaded(msgspec.Struct, tag=True):
+    slot: int
+    error: str = ""  # why some rank could not read it ("": every rank holds it now)
+
+
+WorkerToScheduler = Union[BatchResult, WeightsLoaded, SpotCheckResult, LoraLoaded]
 
 
 # -- readiness (children -> launcher) -----------------------------------------
@@ -419,6 +470,7 @@ class WorkerReady(msgspec.Struct, tag=True):
     kv_pool_bytes: int = 0  # every tensor of the paged pool (values, scales, the padding page)
     page_table_bytes: int = 0
     weight_bytes: int = 0  # the model's parameters on this rank
+    lora_pool_bytes: int = 0  # the LoRA adapter slots' tensors on this rank (0: no --enable-lora)
     weights_fingerprint: str = ""  # the weights' content, dtypes, page size and tp split (worker/kv_tiers.py)
     # bounded-KV retention: why this worker cannot run a policy ("" : it can), per policy
     retention_refusals: dict[str, str] = {}

@@ -72,6 +72,7 @@ class SchedulerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kv_pool_bytes: int
     page_table_bytes: int
     weight_bytes: int
+    lora_pool_bytes: int  # the LoRA adapter slots' tensors on one rank (0: no --enable-lora)
     # the queues and the work done
     running: int
     waiting: int
@@ -95,6 +96,12 @@ class SchedulerStats(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tenant_waiting: dict[str, int]
     tenant_running: dict[str, int]
     tenant_cached_pages: dict[str, int]
+    # LoRA (scheduler/lora_slots.py): label (an adapter's name, at most 16, then "other") -> figure
+    lora_requests: dict[str, int]
+    lora_prompt_tokens: dict[str, int]
+    lora_cached_tokens: dict[str, int]
+    lora_loads: int  # adapter loads into a worker slot (each start, each eviction's comeback)
+    lora_adapters: int  # adapters registered now
     swaps_out: int
     swaps_in: int
     recomputed_tokens: int

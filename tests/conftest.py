@@ -24,7 +24,7 @@ E2E_MODULES = {
     "test_api_semantics", "test_bench_serving", "test_cache_report", "test_constrained", "test_cpu_compute",
     "test_cuda", "test_data_parallel", "test_disk_tier_faults", "test_engine_api", "test_engine_lifecycle",
     "test_engine_parity", "test_error_paths", "test_estimate", "test_gguf", "test_gpu_check", "test_http_fuzz",
-    "test_http_hardening", "test_kv_quant", "test_kv_tiers", "test_lang", "test_lang_client_install",
+    "test_http_hardening", "test_kv_quant", "test_kv_tiers", "test_lang", "test_lang_client_install", "test_lora",
     "test_model_families", "test_model_source", "test_monitoring", "test_priority_scheduling", "test_request_timeouts",
     "test_tenants", "test_prefix_cache_e2e", "test_real_model", "test_retention_e2e",
     "test_server", "test_speculative_e2e", "test_startup", "test_step_faults", "test_tenant_and_browser_safety", "test_tensor_parallel",

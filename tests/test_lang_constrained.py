@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 
 import radixrt as rt
+import support.recording_endpoint
 from radixrt.lang.constraints import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, dtype_rule
 from radixrt.lang.choices import greedy_token_selection, token_length_normalized
 from radixrt.lang.ir import Select
@@ -30,22 +31,7 @@ SCHEMA = {
 COLORS = ["red", "green", "blue"]
 
 
-class RecordingEndpoint(rt.RuntimeEndpoint):
-    """A RuntimeEndpoint whose HTTP calls never leave the process: it keeps each request body it
-    sends and answers every /generate with the text "7". Thread-safe, for run_batch and forks."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        super().__init__("http://recording.invalid")
-
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
-        if path == "/get_model_info":
-            return {"model_path": "recording"}
-        with self._lock:
-            self.bodies.append(body)
-        return {"text": "7", "meta_info": {"prompt_tokens": 1, "cached_tokens": 0, "completion_tokens": 1}}
-
+class RecordingEndpoint(support.recording_endpoint.RecordingEndpoint):
     def generated(self) -> list[dict[str, Any]]:
         """The sampling_params of the requests that generate (not fork's prefill-only ones)."""
         return [b["sampling_params"] for b in self.bodies if b["sampling_params"].get("max_new_tokens") != 0]

@@ -4,8 +4,10 @@ One tiny checkpoint per family (scripts/make_family_models.py): Qwen3, Qwen3-MoE
 Gemma 2, Gemma 3, Phi-3 (longrope), Mistral with a sliding window, Qwen2 with YaRN. For each,
 at page size 1 or 16 (half the families each) with chunked prefill: eight prompts of 5 to 300 tokens (most longer
 than the 32-token sliding windows; Phi-3's straddle its 64-token original context, one only
-while decoding), then prompts that share a cached prefix. Tensor parallelism on one MoE
-family and on Gemma 2. References are transformers' own `generate` in float32.
+while decoding), then prompts that share a cached prefix, then the first four again beside
+themselves under the family's random PEFT LoRA adapter (issue 37; attention only on the MoE
+families, whose experts take no LoRA). Tensor parallelism on one MoE family and on Gemma 2.
+References are transformers' own `generate` in float32 (peft's merged model for the adapter).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import radixrt
 import torch
 from support.fake_worker import FakeWorker, reference_next
 from support.helpers import assert_no_page_leak, corpus_prompts, hf_model
+from support.lora_adapters import ensure_adapter, merged_model
 from make_family_models import FAMILY_NAMES, LONGROPE_ORIGINAL, ensure_family_model
 from radixrt.config import ServerArgs
 from radixrt.config_views import SchedulerConfig
@@ -36,6 +39,7 @@ MAX_NEW = 8
 # A reference token that wins by less than this would make the test measure float ties
 # (batching changes fp32 reduction order by ~1e-5 in a logit), not the engine.
 MIN_TOP2_GAP = 1e-3
+LORA_PROMPTS = 4  # prompts run again under the family's LoRA adapter (issue 37)
 CONFIGS = {"page1": dict(page_size=1, chunked_prefill_size=64), "page16": dict(page_size=16, chunked_prefill_size=64)}
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0}
 TP_FAMILIES = ["qwen3_moe", "gemma2"]  # run at page 16 below
@@ -52,10 +56,11 @@ class Greedy:
     # Gemma 2's final soft-capping or its attention scale may leave the tokens alone, not these)
 
 
-def hf_greedy_checked(path, ids: list[int]) -> Greedy:
-    """transformers' greedy tokens for ids and their logprobs, after checking no step was a near-tie."""
+def hf_greedy_checked(path, ids: list[int], model=None) -> Greedy:
+    """transformers' greedy tokens for ids and their logprobs (of the checkpoint at path, or of
+    `model`, its LoRA-merged copy), after checking no step was a near-tie."""
     with torch.no_grad():
-        out = hf_model(path).generate(
+        out = (model or hf_model(path)).generate(
             torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), max_new_tokens=MAX_NEW,
             do_sample=False, top_k=None, top_p=None, temperature=None, output_logits=True, return_dict_in_generate=True,
         )  # fmt: skip
@@ -88,6 +93,7 @@ class References:
     expected: list[Greedy]
     cache_prompts: dict[str, list[int]]  # the cache phase's, by role
     cache_expected: dict[str, Greedy]
+    lora_expected: list[Greedy]  # of the first LORA_PROMPTS prompts, with the family's adapter merged
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,8 +102,15 @@ def references(name: str) -> References:
     path = family_path(name)
     prompts = corpus_prompts(path, LENGTHS, seed=PROMPT_SEED)
     cached = cache_prompts(path)
+    merged = merged_model(path, family_adapter(name))
     return References(prompts, [hf_greedy_checked(path, p) for p in prompts], cached,
-                      {k: hf_greedy_checked(path, p) for k, p in cached.items()})  # fmt: skip
+                      {k: hf_greedy_checked(path, p) for k, p in cached.items()},
+                      [hf_greedy_checked(path, p, merged) for p in prompts[:LORA_PROMPTS]])  # fmt: skip
+
+
+def family_adapter(name: str):
+    """A random PEFT adapter of the family (attention and dense MLP; attention only on MoE models)."""
+    return ensure_adapter(family_path(name), "fam", seed=11)
 
 
 def generate(engine, prompts):
@@ -114,6 +127,20 @@ def _check_batch(engine, name: str) -> None:
     ref = references(name)
     for ids, want, got in zip(ref.prompts, ref.expected, generate(engine, ref.prompts)):
         assert_matches(got, want, f"{name}: prompt of {len(ids)} tokens")
+
+
+def _check_lora(engine, name: str) -> None:
+    """The family's adapter beside the base model in one batch: the merged references, and a
+    change from the base model's answer."""
+    ref = references(name)
+    prompts = ref.prompts[:LORA_PROMPTS]
+    got = engine.generate(input_ids=prompts * 2, sampling_params=GREEDY, return_logprob=True,
+                          lora_path=[None] * len(prompts) + ["fam"] * len(prompts))
+    for i, (ids, want, res) in enumerate(zip(prompts * 2, ref.expected[:LORA_PROMPTS] + ref.lora_expected, got)):
+        assert_matches(res, want, f"{name}: prompt of {len(ids)} tokens, {'base' if i < len(prompts) else 'adapter'}")
+    # (Gemma's scaled embeddings can keep every greedy token: its logprobs still move)
+    assert any(a.tokens != b.tokens or max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) > 1e-2
+               for a, b in zip(ref.expected, ref.lora_expected)), f"{name}: the adapter changed nothing"
 
 
 def _check_cache_hits(engine, name: str) -> None:
@@ -139,9 +166,11 @@ def _check_cache_hits(engine, name: str) -> None:
 def test_greedy_tokens_match_transformers(name):
     references(name)  # computed before the engine starts: the two would share the cores
     config = CONFIGS["page1" if name in PAGE1_FAMILIES else "page16"]
-    with radixrt.Engine(model_path=str(family_path(name)), max_total_tokens=8192, **config) as engine:
+    with radixrt.Engine(model_path=str(family_path(name)), max_total_tokens=8192,
+                        lora_paths=[f"fam={family_adapter(name)}"], **config) as engine:
         _check_batch(engine, name)
         _check_cache_hits(engine, name)
+        _check_lora(engine, name)
         assert_no_page_leak(engine)
 
 

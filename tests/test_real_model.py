@@ -108,13 +108,15 @@ def test_int8_startup_check_passes_the_default_floor(int8_runner):
     report = int8_runner.kv_check
     assert int8_runner.args.kv_quant_min_agreement == KV_QUANT_MIN_AGREEMENT
     assert report is not None and report.positions > 200, report
-    assert KV_QUANT_MIN_AGREEMENT <= report.top1_agreement < 1.0, report  # < 1: int8 does move a real model
+    assert KV_QUANT_MIN_AGREEMENT <= report.top1_agreement <= 1.0, report
+    # int8 does move a real model: its logprobs (on an AVX2-only EPYC every top-1 token stayed: 1.0)
     assert 0 < report.mean_abs_dlogprob < CHECK_MAX_MEAN_DLOGPROB, report
 
 
 def test_a_floor_above_the_measured_agreement_refuses(int8_runner, smollm2):
     """The same check over another int8 pool of the serving pool's size (the same prompts, cut the
-    same way, so the same measurement) with the floor halfway between it and 1 raises, naming both."""
+    same way, so the same measurement) with the floor halfway between it and 1 (just above 1 when it
+    measured 1) raises, naming both."""
     from radixrt.worker.runner_setup import attention_over
 
     r, cache = int8_runner, int8_runner.cache
@@ -125,7 +127,7 @@ def test_a_floor_above_the_measured_agreement_refuses(int8_runner, smollm2):
         return attention_over(r.backend_name, p, r.cfg, r.tp)
 
     measured = r.kv_check.top1_agreement
-    floor = (measured + 1.0) / 2
+    floor = (measured + 1.0) / 2 if measured < 1 else 1.0 + 1e-6  # above even a perfect agreement
     prompts = calibration_prompts(tokenizer(smollm2.hf_dir), None)
     with pytest.raises(KVCalibrationError, match="kv_cache_dtype int8: the start-up check") as refused:
         check_quantized_pool(r.model, over(pool), over, prompts, None, floor)

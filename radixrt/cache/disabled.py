@@ -48,6 +48,9 @@ class NoPrefixCache:
     def forget(self, pages: set[int]) -> list[int]:
         return []
 
+    def drop_namespace(self, namespace: Hashable) -> list[int]:
+        return []
+
     def reset(self) -> list[int]:
         return []
 

@@ -139,6 +139,10 @@ class PrefixCache(Protocol):
         node among them is a bug (AssertionError): release whatever reads them first."""
         ...
 
+    def drop_namespace(self, namespace: Hashable) -> list[int]:
+        """Remove namespace's nodes that no lock or pin holds; returns their pages, for the caller to free."""
+        ...
+
     def reset(self) -> list[int]:
         """Forget everything; returns every page held. Raises RuntimeError while a lock is held."""
         ...

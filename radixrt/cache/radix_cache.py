@@ -288,6 +288,23 @@ class RadixCache:
                 removed += self._remove_leaf(n)
         return removed
 
+    def drop_namespace(self, namespace: Hashable) -> list[int]:
+        """Remove every node of namespace that no request holds and no pin keeps (leaves first);
+        returns their pages."""
+        root = self.roots.get(namespace)
+        if root is None:
+            return []
+        order, below = [], list(root.children.values())
+        while below:  # parents before children; removed in reverse, leaves first
+            n = below.pop()
+            order.append(n)
+            below += n.children.values()
+        removed: list[int] = []
+        for n in reversed(order):
+            if n.is_leaf and n.lock_ref == 0 and not n.pinned:
+                removed += self._remove_leaf(n)
+        return removed
+
     def reset(self) -> list[int]:
         """Empty the tree; returns every page it held. Refuses while any node is locked."""
         if self.evictable_pages != self.total_pages:

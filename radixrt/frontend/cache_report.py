@@ -268,17 +268,28 @@ def memory_section(stats: Any) -> dict[str, int]:
 
 
 TENANT_FIGURES = ("requests", "prompt_tokens", "cached_tokens", "rejected", "waiting", "running", "cached_pages")
+ADAPTER_FIGURES = ("requests", "prompt_tokens", "cached_tokens")
 
 
 def tenants_section(stats: Any, only: str | None = None) -> dict[str, dict[str, float]]:
     """Per tenant (scheduler/tenants.py's labels: a name, "default" for requests without a salt
     or key, "other" past the first 16): its requests, prompt and cached tokens and hit rate, 503s,
     what waits and runs now, and the device pages its computed KV holds. only: that tenant's row."""
+    return _labelled_rows(stats, "tenant_", TENANT_FIGURES, only)
+
+
+def adapters_section(stats: Any) -> dict[str, dict[str, float]]:
+    """Per LoRA adapter (scheduler/lora_slots.py's labels: a name, "other" past the first 16): its
+    requests, prompt and cached tokens and hit rate."""
+    return _labelled_rows(stats, "lora_", ADAPTER_FIGURES, None)
+
+
+def _labelled_rows(stats: Any, prefix: str, figures: tuple[str, ...], only: str | None) -> dict[str, dict[str, float]]:
     rows: dict[str, dict[str, float]] = {}
-    for figure in TENANT_FIGURES:
-        for label, n in getattr(stats, f"tenant_{figure}").items():
+    for figure in figures:
+        for label, n in getattr(stats, prefix + figure).items():
             if only is None or label == only:
-                rows.setdefault(label, dict.fromkeys(TENANT_FIGURES, 0))[figure] = n
+                rows.setdefault(label, dict.fromkeys(figures, 0))[figure] = n
     for row in rows.values():
         row["hit_rate"] = row["cached_tokens"] / row["prompt_tokens"] if row["prompt_tokens"] else 0.0
     return rows

@@ -106,7 +106,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
 UNSUPPORTED_FIELDS: dict[str, Any] = {
     "input_embeds": None, "image_data": None, "video_data": None, "audio_data": None, "token_ids_logprob": None,
     "return_hidden_states": False, "return_routed_experts": False, "routed_experts_start_len": 0,
-    "modalities": None, "session_params": None, "lora_path": None, "lora_id": None, "custom_logit_processor": None,
+    "modalities": None, "session_params": None, "custom_logit_processor": None,
     "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None, "bootstrap_pair_key": None,
     "decode_tp_size": None, "require_reasoning": False, "data_parallel_rank": None, "background": False,
     "return_bytes": False, "return_entropy": False, "need_wait_for_image": None, "num_items_assigned": None,
@@ -116,6 +116,7 @@ UNSUPPORTED_FIELDS: dict[str, Any] = {
 # Fields whose value changes nothing in the answer (here, and in SGLang as launched by default):
 # accepted with any value. Field -> why.
 IGNORED_FIELDS: dict[str, str] = {
+    "lora_id": "SGLang's TokenizerManager sets it from lora_path (the adapter's name) itself",
     "conversation_id": "tracking only",
     "routing_key": "no routing-key schedule policy (SGLang ignores it under any other policy)",
     "no_logs": "this server never logs request contents",
@@ -143,6 +144,7 @@ class GenerateItem:
     pin_ttl: float | None = None  # seconds its prompt stays cached (cache_control; None: no pin)
     priority: int | None = None  # SGLang's: its rank under --enable-priority-scheduling (None: the least)
     tenant: str | None = None  # the tenant its API key names (--api-keys-file; None: its cache_salt's)
+    lora_name: str | None = None  # its LoRA adapter (SGLang's lora_path: the adapter's name); None: the base model
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,7 @@ class GenerateInput:
                                                             _per_item(req.extra_key, n, "extra_key"))]
         pins = [pin_ttl(c) for c in _per_item(req.cache_control, n, "cache_control")]
         priorities = [_priority(p) for p in _per_item(req.priority, n, "priority")]
+        loras = [_lora_name(x) for x in _per_item(req.lora_path, n, "lora_path")]
         items = []
         for i in range(n):
             for k in range(params[i].n):
@@ -202,7 +205,7 @@ class GenerateInput:
                     return_logprob=bool(lps[i]), logprob_start_len=starts[i], top_logprobs_num=tops[i] or 0,
                     return_text_in_logprobs=req.return_text_in_logprobs, namespace=namespaces[i],
                     max_tokens_given=_max_tokens_given(raw_params[i]), log_metrics=req.log_metrics,
-                    pin_ttl=pins[i], priority=priorities[i],
+                    pin_ttl=pins[i], priority=priorities[i], lora_name=loras[i],
                 ))
         return cls(items, is_batch)
 
@@ -246,6 +249,14 @@ def _prompts(text: Any, input_ids: Any) -> tuple[list[str] | None, list[list[int
     if any(isinstance(x, list) != is_batch for x in input_ids):
         raise RequestError("input_ids must be a list of token ids or a list of such lists, not a mix", "input_ids")
     return None, (input_ids if is_batch else [input_ids]), is_batch
+
+
+def _lora_name(value: Any) -> str | None:
+    """SGLang's lora_path: an adapter's name (registered by --lora-paths or /load_lora_adapter), or null."""
+    if value is None or isinstance(value, str):
+        return value or None
+    raise RequestError(f"lora_path must be an adapter's name (a string) or null, got {type(value).__name__}",
+                       "lora_path")
 
 
 def _priority(value: Any) -> int | None:

@@ -44,7 +44,7 @@ class PreparedReq:
         it = self.item
         return TokenizedRequest(rid, self.ids, it.sampling, it.return_logprob, self.logprob_start,
                                 it.top_logprobs_num, it.namespace, retention=self.retention, pin_ttl=it.pin_ttl,
-                                priority=it.priority, tenant=it.tenant)
+                                priority=it.priority, tenant=it.tenant, lora_name=it.lora_name)
 
 
 class Intake:

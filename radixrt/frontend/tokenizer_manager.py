@@ -35,6 +35,7 @@ from radixrt.frontend.cache_report import CacheDiagnosis
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
 from radixrt.frontend.generate_input import GenerateInput, GenerateItem
 from radixrt.frontend.intake import Intake, PreparedReq, logprob_start
+from radixrt.frontend.lora_door import LoraDoor
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.sampling_defaults import model_sampling_defaults
 from radixrt.frontend.weights import ServedWeights, UpdateWeightsResult
@@ -46,6 +47,7 @@ from radixrt.messages import (
     FlushCache,
     FrontendMsg,
     GetStats,
+    LoraUpdateReply,
     ReqOutput,
     SchedulerStats,
     SchedulerToFrontend,
@@ -129,11 +131,13 @@ class TokenizerManager:
         self._from_scheduler: Receiver[SchedulerToFrontend] = Receiver(self._ctx, addrs.frontend_in, SchedulerToFrontend)
         # close() wakes the receiving thread through its own socket instead of waiting out its receive timeout
         self._wake: Sender[SchedulerToFrontend] = Sender(self._ctx, addrs.frontend_in)
-        self._control_waiters: dict[str, queue.SimpleQueue[ControlReply | WeightsUpdateReply | BackendDied]] = {}
+        self._control_waiters: dict[str, queue.SimpleQueue[ControlReply | WeightsUpdateReply | LoraUpdateReply |
+                                                            BackendDied]] = {}
         self._states: dict[str, ReqState] = {}
         self._lock = threading.Lock()  # guards _states, _control_waiters and the sender
         self.dead: str | None = None
         self._closed = threading.Event()
+        self.lora = LoraDoor(args.lora, self._ask)  # /load_lora_adapter, /unload_lora_adapter, /v1/models
         self._thread = threading.Thread(target=self._receive_loop, name="radixrt-frontend-recv", daemon=True)
         self._thread.start()
 
@@ -153,10 +157,12 @@ class TokenizerManager:
 
     def submit_all(self, gen: GenerateInput, notify: Callable[[], None]) -> list[ReqState]:
         """Validate every item, then send them all (nothing is sent if one is bad)."""
+        self.lora.check(gen)
         return self.submit_prepared(self.intake.prepare(gen), notify)
 
     async def submit_all_async(self, gen: GenerateInput, notify: Callable[[], None]) -> list[ReqState]:
         """submit_all with the tokenizing done in the thread pool, off the event loop."""
+        self.lora.check(gen)
         prepared = await asyncio.get_running_loop().run_in_executor(self._pool, self.intake.prepare, gen)
         return self.submit_prepared(prepared, notify)
 
@@ -325,7 +331,7 @@ class TokenizerManager:
     def _dispatch(self, msg: SchedulerToFrontend) -> None:
         if isinstance(msg, WeightsUpdateReply):
             self._apply_weights_change(msg)
-        if isinstance(msg, (ControlReply, WeightsUpdateReply)):
+        if isinstance(msg, (ControlReply, WeightsUpdateReply, LoraUpdateReply)):
             with self._lock:
                 box = self._control_waiters.get(msg.query_id)
             if box is not None:  # else its caller timed out and left

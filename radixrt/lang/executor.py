@@ -192,12 +192,15 @@ class StreamExecutor:
         return GenOutput(shown, meta)
 
     def _select(self, expr: Select) -> None:
-        out = self.backend.select(self.text, expr.choices, expr.method)
+        lora_path = expr.lora_path or self.defaults.lora_path
+        out = self.backend.select(self.text, expr.choices, expr.method, lora_path=lora_path)
         self._append(expr.name, out.choice)
         self._set(expr.name, out.choice, out.meta)
 
     def _cache_prefix(self, expr: CachePrefix) -> None:
-        self.prefix_meta = self.backend.cache_prefix(self.text) if self.text else None
+        # With the program's adapter: the server caches per adapter, so that is what the branches will find.
+        lora_path = self.defaults.lora_path
+        self.prefix_meta = self.backend.cache_prefix(self.text, lora_path=lora_path) if self.text else None
 
     def _set(self, name: str | None, value: Any, meta: Any) -> None:
         if name is not None:

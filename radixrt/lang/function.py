@@ -16,7 +16,7 @@ from .state import ProgramState
 
 
 def split_sampling(kwargs: dict[str, Any]) -> tuple[GenParams, dict[str, Any]]:
-    """run()'s keyword arguments: sampling defaults for every gen (GenParams' names), and the program's own."""
+    """run()'s keyword arguments: defaults for every gen (GenParams' names, lora_path too), and the program's own."""
     names = GenParams.field_names()
     sampling = {k: v for k, v in kwargs.items() if k in names}
     rest = {k: v for k, v in kwargs.items() if k not in names}
@@ -44,7 +44,8 @@ class Function:
 
     def run(self, *args: Any, stream: bool = False, backend: Any = None, **kwargs: Any) -> ProgramState:
         """Run once. Keyword arguments named like gen's settings (max_new_tokens, temperature, stop,
-        top_p, ...) are defaults for every gen; the others go to the program.
+        top_p, ...) are defaults for every gen; the others go to the program. `lora_path` (an adapter's
+        name) is the default adapter of every gen and select, in forks too; theirs overrides it.
 
         Without stream, returns when the program is done and raises its error. With stream=True,
         returns once the body has run (gen calls may still be going): read with s.text_iter().
@@ -62,7 +63,7 @@ class Function:
     def run_batch(self, batch: Sequence[dict[str, Any] | Sequence[Any]], *, num_threads: int | str = "auto",
                   progress_bar: bool = False, backend: Any = None, **sampling: Any) -> list[ProgramState]:
         """Run once per item (a dict of keyword arguments, or a tuple of positional ones), concurrently;
-        the states come back in input order.
+        the states come back in input order. `sampling` holds run()'s defaults for every item (lora_path too).
 
         A server error stays in its state (`s.error()`; reading the state raises it) so one bad item
         does not hide the others' results; any other exception (a bug in the program) is raised.

@@ -25,11 +25,19 @@ class Expr:
 
 
 CONSTRAINT_FIELDS = ("regex", "json_schema")  # GenParams' output constraints
+REQUEST_FIELDS = ("return_logprob", "lora_path")  # GenParams' fields sent beside sampling_params, not in it
+
+
+def check_lora_path(lora_path: Any) -> None:
+    """A LoRA adapter is chosen by its name as the server registered it (or None: not set here)."""
+    if lora_path is not None and not (isinstance(lora_path, str) and lora_path):
+        raise TypeError(f"lora_path must be an adapter's name (a non-empty string) or None, got {lora_path!r}")
 
 
 @dataclass(frozen=True)
 class GenParams:
-    """Sampling settings of one gen; None means "not set here" (the program default applies)."""
+    """The settings of one gen (sampling, output constraint, LoRA adapter); None means "not set
+    here" (the program default applies)."""
 
     max_new_tokens: int | None = None
     stop: tuple[str, ...] | None = None
@@ -44,6 +52,8 @@ class GenParams:
     # The output's constraint, at most one (constraints.py): passed through to the server.
     regex: str | None = None
     json_schema: str | None = None  # a JSON Schema as a JSON string (SGLang's form)
+    # The LoRA adapter's name: /generate's top-level `lora_path`, not a sampling parameter.
+    lora_path: str | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -61,6 +71,7 @@ class GenParams:
             check_regex(values["regex"])
         if values.get("json_schema") is not None:
             values["json_schema"] = schema_text(values["json_schema"])
+        check_lora_path(values.get("lora_path"))
         return cls(**values)
 
     def over(self, defaults: GenParams) -> GenParams:
@@ -80,7 +91,7 @@ class GenParams:
 
     def sampling_params(self) -> dict[str, Any]:
         """The server's `sampling_params` object (unset fields left to the server)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "return_logprob"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in REQUEST_FIELDS}
         if out["stop"] is not None:
             out["stop"] = list(out["stop"])
         return {k: v for k, v in out.items() if v is not None}
@@ -106,6 +117,7 @@ class Select(Expr):
     name: str | None
     choices: tuple[str, ...]
     method: ChoicesMethod = token_length_normalized
+    lora_path: str | None = None  # None: the program's default adapter (run(lora_path=...)), if any
 
 
 @dataclass(frozen=True, eq=False)

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 from .choices import ChoicesMethod, token_length_normalized
 from .constraints import at_most_one, dtype_rule
-from .ir import Expr, Gen, GenParams, Role, Select, to_expr
+from .ir import Expr, Gen, GenParams, Role, Select, check_lora_path, to_expr
 
 
 def gen(
@@ -26,6 +26,7 @@ def gen(
     choices: Sequence[str] | None = None,
     dtype: type | str | None = None,
     choices_method: ChoicesMethod = token_length_normalized,
+    lora_path: str | None = None,
 ) -> Gen | Select:
     """Generate text into variable `name`. Unset settings come from run()'s defaults.
 
@@ -35,15 +36,17 @@ def gen(
     unchanged); `dtype` (int, float, bool or str, or its name: a regex from constraints.py; int and
     float also stop at a space or newline); `choices`: the same as `select(name, choices)`, which
     scores the choices (by `choices_method`) instead of sampling: temperature must be unset or 0.
+    `lora_path` names the LoRA adapter this gen runs on (unset: run()'s `lora_path`, else the base model).
     """
     at_most_one(regex=regex, json_schema=json_schema, choices=choices, dtype=dtype)
     if choices is not None:
-        return select(name, choices, temperature or 0.0, choices_method)
+        return select(name, choices, temperature or 0.0, choices_method, lora_path)
     rule = dtype_rule(dtype) if dtype is not None else None
     params = GenParams.build(
         max_new_tokens=max_tokens, stop=stop, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
         return_logprob=return_logprob, regex=rule.regex if rule else regex, json_schema=json_schema,
+        lora_path=lora_path,
     )
     if rule and rule.stop:
         params = params.with_stop(rule.stop)
@@ -51,12 +54,13 @@ def gen(
 
 
 def select(name: str | None = None, choices: Sequence[str] = (), temperature: float = 0.0,
-           choices_method: ChoicesMethod = token_length_normalized) -> Select:
+           choices_method: ChoicesMethod = token_length_normalized, lora_path: str | None = None) -> Select:
     """Append the choice the model finds most likely and store it in `name`.
 
     Every choice is scored by its prompt logprobs after the text so far (scoring.py) and
     `choices_method` (choices.py) decides; the default takes the best mean logprob per token.
     Scoring never samples, so `temperature` is there for SGLang's signature and must be 0.
+    `lora_path` names the LoRA adapter that scores (unset: run()'s `lora_path`, else the base model).
     """
     choices = tuple(choices)
     if not choices or not all(isinstance(c, str) and c for c in choices):
@@ -65,7 +69,8 @@ def select(name: str | None = None, choices: Sequence[str] = (), temperature: fl
         raise ValueError(f"select scores every choice and takes the best; it does not sample (temperature={temperature})")
     if not isinstance(choices_method, ChoicesMethod):
         raise TypeError(f"choices_method must be one of radixrt.lang's choices methods, got {choices_method!r}")
-    return Select(name, choices, choices_method)
+    check_lora_path(lora_path)
+    return Select(name, choices, choices_method, lora_path)
 
 
 def system(content: Any) -> Role:

@@ -8,6 +8,7 @@ arithmetic runs, not what the layers pass on. On CPU a layer may also hold its
 weight packed once for oneDNN (`packed`, cpu_matmul.pack_linear_weights); it then
 multiplies through that copy, the same product in another kernel. A quantized layer holds int8
 weights and their scales and multiplies through its int8 kernel (weight_quant.py).
+A layer may carry LoRA slots (`lora`, models/lora.py) whose delta it adds to its output.
 The vocabulary splits in contiguous blocks for the embedding and the LM head.
 With size 1 every collective is skipped, so one code path serves both.
 """
@@ -16,10 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from radixrt.models.lora import LoraSite
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,18 @@ def _linear(weight: torch.Tensor, packed: torch.Tensor | None, x: torch.Tensor, 
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def _product(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The layer's x @ W^T (+ bias) in its compute dtype, its LoRA deltas added to that in place
+    (no pass over the output of their own), returned in x's dtype."""
+    if layer.int8 is not None:
+        y = layer.int8(x, layer.weight, layer.weight_scale, bias)
+    else:
+        y = _linear(layer.weight, layer.packed, x, bias)
+    if layer.lora is not None:
+        layer.lora.add(x, y)
+    return y.to(x.dtype)
+
+
 class ColumnParallelLinear(nn.Linear):
     """y = x @ W_shard^T + b_shard: this rank's output features (nn.Linear's parameters)."""
 
@@ -63,11 +80,10 @@ class ColumnParallelLinear(nn.Linear):
     # An int8 layer (weight_quant.py): weight is int8 [out, in], weight_scale float32 [out, 1], and
     # int8 the kernel that multiplies them (int8_linear.Int8Kernel).
     int8: Callable | None = None
+    lora: LoraSite | None = None  # its LoRA adapters' slots (models/lora.py), under --enable-lora
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8 is not None:
-            return self.int8(x, self.weight, self.weight_scale, self.bias).to(x.dtype)
-        return _linear(self.weight, self.packed, x, self.bias).to(x.dtype)
+        return _product(self, x, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -80,12 +96,10 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.packed: torch.Tensor | None = None  # as ColumnParallelLinear.packed
         self.int8: Callable | None = None  # as ColumnParallelLinear.int8
+        self.lora: LoraSite | None = None  # as ColumnParallelLinear.lora: its delta joins the partial sums
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8 is not None:
-            y = self.tp.all_reduce(self.int8(x, self.weight, self.weight_scale, None).to(x.dtype))
-        else:
-            y = self.tp.all_reduce(_linear(self.weight, self.packed, x, None).to(x.dtype))
+        y = self.tp.all_reduce(_product(self, x, None))
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
 

@@ -3,7 +3,7 @@ config.json and safetensors headers alone (no weight is read).
 
 Per device (one tensor-parallel rank):
 
-    total = weights + KV pool + page table + activation reserve
+    total = weights + KV pool + page table + activation reserve (+ LoRA adapter slots)
 
   * weights: every checkpoint tensor's elements at the resolved dtype, this rank's share of it;
   * KV pool: `PagedKVCache.bytes_per_token` x the pool's tokens, through `pool_bytes` (padding page
@@ -13,6 +13,8 @@ Per device (one tensor-parallel rank):
   * page table: `page_table_bytes(max_running_requests, context_length, page_size)`, what the
     worker allocates beside the pool: 8 bytes per page of the context per request slot, a visible
     share of the pool (a few %) with page size 1, contexts far above avg_seq_len and small KV;
+  * LoRA adapter slots (--enable-lora): A and B of every --max-loras-per-batch slot at the pool's
+    rank on each fused layer adapters may target, this rank's shard (models/lora.lora_pool_bytes);
   * activation reserve: ACTIVATION_FRACTION (12%) of this rank's weights, for activations, the
     sampler, CUDA graphs and allocator slack. A rule of thumb (operators use 10-15%) that belongs
     to the estimate only: the server reserves nothing by this name; on CUDA it keeps
@@ -70,6 +72,7 @@ GIB = 2**30
 SIZING_FIELDS = (
     "model_path", "dtype", "device", "kv_cache_dtype", "page_size", "tp_size", "context_length",
     "max_running_requests", "max_total_tokens",
+    "enable_lora", "lora_paths", "max_lora_rank", "lora_target_modules", "max_loras_per_batch",
 )  # fmt: skip
 
 
@@ -106,6 +109,7 @@ class Estimate:
     min_tp_size: int | None  # None: no tp size up to num_attention_heads fits (offload)
     reusable_prefix_tokens: int
     host_tier_bytes: int
+    lora_rank: int = 0  # the adapter slots' rank (0: no --enable-lora)
 
     def to_json(self) -> dict:
         """The fields, the breakdown's flattened in (get_server_info's key names), and totals."""
@@ -131,7 +135,7 @@ def estimate(args: ServerArgs, workload: Workload, mem_bytes: int | None = None)
             f"context_length {context} exceeds the model's max_position_embeddings {cfg.max_position_embeddings}"
         )
     mem = mem_bytes if mem_bytes is not None else device_memory(device)
-    sizer = Sizer(cfg, tensor_meta(model_dir), DTYPES[dtype], device, args.page_size, context, mem)
+    sizer = Sizer(cfg, tensor_meta(model_dir), DTYPES[dtype], device, args.page_size, context, mem, args.lora)
     ps, tp, concurrency = args.page_size, args.tp_size, args.max_running_requests
     workload_pages = workload.pages(concurrency, ps)
     pages = args.max_total_tokens // ps if args.max_total_tokens is not None else workload_pages  # as plan_num_pages
@@ -145,6 +149,7 @@ def estimate(args: ServerArgs, workload: Workload, mem_bytes: int | None = None)
         min_tp_size=sizer.min_tp_size(args.kv_cache_dtype, concurrency, pages),
         reusable_prefix_tokens=workload.reusable_prefix_tokens,
         host_tier_bytes=math.ceil(workload.reusable_prefix_tokens / ps) * ps * b.bytes_per_token,  # whole pages
+        lora_rank=args.lora.rank if args.lora is not None else 0,
     )
 
 
@@ -210,6 +215,8 @@ def table(e: Estimate) -> str:
              f"{b.num_pages} pages x {e.page_size} tokens x {b.bytes_per_token} B/token"),
             ("page table", b.page_table_bytes, f"{share:.1%} of the KV cache"),
             ("activation reserve", b.activation_bytes, f"{ACTIVATION_FRACTION:.0%} of the weights"),
+            *((("LoRA adapter slots", b.lora_bytes, f"--max-loras-per-batch slots of rank {e.lora_rank}"),)
+              if b.lora_bytes else ()),
             ("total", b.total_bytes, f"of {human(e.mem_bytes)}: " + ("fits" if e.fits else "does not fit")),
         )),  # fmt: skip
         "",
@@ -231,10 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="radixrt estimate", description="Memory per device for a model and a workload.")
     fields = {f.name: f for f in dataclasses.fields(ServerArgs)}
     for name in SIZING_FIELDS:  # the server's own flags, defaults and help
-        f = fields[name]
-        kind = int if str(f.type).startswith("int") else str
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=f.default, help=f.metadata["help"],
-                            required=name == "model_path")  # fmt: skip
+        f, flag = fields[name], "--" + name.replace("_", "-")
+        if str(f.type) == "bool":
+            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+        elif str(f.type).startswith("list"):
+            parser.add_argument(flag, nargs="*", default=None, help=f.metadata["help"])
+        else:
+            kind = int if str(f.type).startswith("int") else str
+            parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"], required=name == "model_path")
     workload = parser.add_mutually_exclusive_group(required=True)
     workload.add_argument("--avg-seq-len", type=float, help="average prompt + output tokens of a request")
     workload.add_argument("--trace", type=Path, help="JSONL trace, as radixrt tune reads it: one "

@@ -11,8 +11,10 @@ from fractions import Fraction
 import torch
 
 from radixrt.kernels import PagedKVCache
+from radixrt.lora_settings import LoraServing
 from radixrt.models.config import ModelConfig
 from radixrt.models.llama import rank_heads
+from radixrt.models.lora import lora_pool_bytes
 from radixrt.models.parallel import TPGroup
 from radixrt.utils.checkpoint_meta import TensorMeta
 from radixrt.worker.kv_pool import page_table_bytes, pages_for_budget, pool_bytes
@@ -55,10 +57,11 @@ class Breakdown:
     kv_pool_bytes: int
     page_table_bytes: int
     activation_bytes: int
+    lora_bytes: int = 0  # the LoRA adapter slots (--enable-lora; models/lora.py)
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_pool_bytes + self.page_table_bytes + self.activation_bytes
+        return self.weight_bytes + self.kv_pool_bytes + self.page_table_bytes + self.activation_bytes + self.lora_bytes
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Sizer:
     page_size: int
     context_length: int
     mem_bytes: int
+    lora: LoraServing | None = None
 
     def breakdown(self, tp_size: int, kv_dtype: str, concurrency: int, num_pages: int) -> Breakdown:
         """Rank 0 with a pool of num_pages beside a page table of `concurrency` rows (max_running_requests).
@@ -79,16 +83,20 @@ class Sizer:
         weights = rank_weight_bytes(self.cfg, self.tensors, tp_size, self.dtype.itemsize)
         kv_heads = rank_heads(self.cfg, TPGroup(0, tp_size))[3]
         per_token = PagedKVCache.bytes_per_token(self.cfg.num_layers, kv_heads, self.cfg.head_dim, self.dtype, kv_dtype)
+        lora = self.lora
+        adapters = lora_pool_bytes(self.cfg, TPGroup(0, tp_size), lora.slots, lora.rank, lora.sites,
+                                   self.dtype.itemsize) if lora is not None else 0
         return Breakdown(
             weights, per_token, num_pages, pool_bytes(num_pages, self.page_size, per_token),
             page_table_bytes(concurrency, self.context_length, self.page_size), int(weights * ACTIVATION_FRACTION),
+            adapters,
         )  # fmt: skip
 
     def fits(self, b: Breakdown, tp_size: int) -> bool:
         """The server's sizing rule: the pool's pages fit beside the page table in what the weights
         and the activation reserve leave of this rank's share of the memory."""
         ranks_sharing = tp_size if self.device == "cpu" else 1  # CPU ranks share the host's RAM
-        budget = self.mem_bytes / ranks_sharing - b.weight_bytes - b.activation_bytes
+        budget = self.mem_bytes / ranks_sharing - b.weight_bytes - b.activation_bytes - b.lora_bytes
         return pages_for_budget(budget, self.page_size, b.bytes_per_token, b.page_table_bytes) >= b.num_pages
 
     def max_concurrency(self, tp_size: int, kv_dtype: str, workload: Workload) -> int:

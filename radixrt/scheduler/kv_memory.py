@@ -34,6 +34,7 @@ from radixrt.cache import MatchResult, NoPrefixCache, Node, PageAllocator, Prefi
 from radixrt.cache.eviction import EvictionOrder
 from radixrt.cache.tier_index import namespace_id, page_keys
 from radixrt.messages import KVMove, Retain
+from radixrt.namespace import CacheNamespace
 from radixrt.retention import drop_plan
 from radixrt.scheduler.kv_tiers import SELECTIVE_HITS, KVTiers, no_tier_stats
 from radixrt.scheduler.kv_handle import TierLoad
@@ -351,6 +352,13 @@ class KVMemory:
         self.allocator.free(self.cache.reset())
         if self.tiers is not None:
             self.tiers.clear_host()
+
+    def drop_namespace(self, namespace: CacheNamespace) -> None:
+        """Forget namespace's cached pages in every tier (a LoRA adapter left); pages that running
+        requests hold or pins keep stay until they are released."""
+        self.allocator.free(self.cache.drop_namespace(namespace))
+        if self.tiers is not None:
+            self.tiers.drop_namespace(namespace)
 
     @property
     def used_pages(self) -> int:

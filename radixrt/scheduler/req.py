@@ -59,6 +59,7 @@ class Req:
     arrived_at: float = 0.0  # time.monotonic() at intake: the waiting timeout's clock
     started_at: float | None = None  # time.monotonic() at its first admission: the running timeout's clock
     long_prefill: bool = False  # a long uncached prompt: the decodes' cadence cuts its chunks (step_budget.py)
+    lora_slot: int = -1  # while running: the worker slot of its LoRA adapter (scheduler/lora_slots.py); -1: none
 
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:

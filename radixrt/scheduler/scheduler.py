@@ -30,10 +30,14 @@ from radixrt.messages import (
     FinishReason,
     ForwardBatch,
     KVMove,
+    LoadLoraAdapter,
+    LoraLoaded,
+    LoraUpdateReply,
     ReqOutput,
     SchedulerStats,
     SlotInit,
     TokenizedRequest,
+    UnloadLoraAdapter,
     UpdateWeights,
     WeightsLoaded,
     WeightsUpdateReply,
@@ -41,6 +45,8 @@ from radixrt.messages import (
 )
 from radixrt.scheduler.admission import Admitter, Outcome
 from radixrt.scheduler.bad_input import bad_request, internal_error, rejection, rid_of
+from radixrt.scheduler.lora_requests import LoraRequests
+from radixrt.scheduler.lora_slots import LoraSlots
 from radixrt.retention.counters import RetentionCounters
 from radixrt.retention.rules import RetentionRules
 from radixrt.scheduler.budget import AdmissionBudget
@@ -95,7 +101,7 @@ class Scheduler:
         self.bytes_per_token = worker.bytes_per_token
         # what one rank allocated (get_server_info; `radixrt estimate` predicts the same figures)
         self.memory_figures = {"kv_pool_bytes": worker.kv_pool_bytes, "page_table_bytes": worker.page_table_bytes,
-                               "weight_bytes": worker.weight_bytes}
+                               "weight_bytes": worker.weight_bytes, "lora_pool_bytes": worker.lora_pool_bytes}
         self.weights = WeightUpdates(self.mem)
         self.long_prompt_threshold = worker.long_prompt_threshold
         self.stop = StopChecker(tokenizer, worker.eos_ids, worker.context_length)
@@ -132,6 +138,8 @@ class Scheduler:
                                   args.enable_priority_scheduling)
         self.tenants = Tenants(tenant_table(args.api_keys_file), args.tenant_kv_quota, worker.num_pages)
         self.mem.set_quotas(self.tenants.quota_pages if self.tenants.has_quotas else None)
+        self.lora = LoraSlots(args.lora) if args.lora is not None else None  # which adapter runs from which slot
+        self.lora_requests = LoraRequests(self.lora, self.mem, self._finish)
         self.step_budget = StepBudget(args.prefill_chunk, args.max_prefill_tokens, args.max_decode_slowdown,
                                       worker.attention_per_position)
 
@@ -146,7 +154,8 @@ class Scheduler:
         update it waits, unchecked, for the new weights."""
         if self.weights.hold(msg):
             return
-        r = self.intake.accept(msg)
+        msg = self.lora_requests.resolve(msg)  # in its adapter's namespace, or its 400
+        r = self.intake.accept(msg) if isinstance(msg, TokenizedRequest) else msg
         if not isinstance(r, ReqOutput):
             r.tenant, r.rank, r.arrived_at = self.tenants.name_of(msg), self.priorities.rank(msg.priority), time.monotonic()
             self.tenants.count(r.tenant, "requests")
@@ -229,6 +238,17 @@ class Scheduler:
         self.spec.flush()
         return None
 
+    # -- LoRA adapters (scheduler/lora_requests.py) -------------------------------------
+
+    def load_lora(self, msg: LoadLoraAdapter) -> LoraUpdateReply:
+        return self.lora_requests.load(msg, self.waiting + self.grammars.requests, self.running)
+
+    def unload_lora(self, msg: UnloadLoraAdapter) -> LoraUpdateReply:
+        return self.lora_requests.unload(msg, self.waiting + self.grammars.requests, self.running)
+
+    def lora_loaded(self, reply: LoraLoaded) -> None:
+        self.lora_requests.loaded(reply, self.waiting)
+
     def begin_weight_update(self, msg: UpdateWeights) -> WeightsUpdateReply | None:
         """From now on new requests wait (weight_update.py); with abort_all_requests every request in
         the system ends now. Returns a refusal when an update is already under way."""
@@ -264,6 +284,8 @@ class Scheduler:
             self._schedule_decodes(entries)
             self._schedule_prefills(entries)
             if not entries and (self.waiting or self.running):
+                if self.lora is not None and self.lora.loads:  # the adapters they wait for load first
+                    break
                 self.preemption.make_room(self.running, "admission")
         moves = self.mem.take_moves()
         self.spec.moved(moves)
@@ -292,6 +314,8 @@ class Scheduler:
                 decoding.remove(victim)
         spare = self.mem.available - sum(self.mem.pages_needed(r, 1) for r in decoding)
         drafts = self.spec.plan(decoding, spare)
+        if self.lora is not None:  # each adapter's decode rows in one run (models/lora.py reads them as a slice)
+            decoding.sort(key=lambda r: r.lora_slot)
         for r in decoding:
             entries.append(self._entry(r, 1, drafts.get(r)))
 
@@ -310,9 +334,12 @@ class Scheduler:
                 tokens.spend(r, n)
         reserve = self.budget.reserve_pages(self.running)
         order = self.tenants.order(self._ordered_waiting(), self.running)
+        adapters = self.lora.step(self.running) if self.lora is not None else None
         for r in order:
             if tokens.exhausted or not self.free_slots:
                 break
+            if adapters is not None and not self.lora.admissible(r, adapters):  # its adapter loads, or waits its turn
+                continue
             start = self.mem.prefix_len(r) if tokens.cutting and r.extend_len > LONG_PROMPT else None  # cached
             allowed = tokens.allow(r, r.extend_len if start is None else r.seq_len - start, start)
             if allowed <= 0:  # its tenant's share of this step is spent
@@ -322,6 +349,8 @@ class Scheduler:
                 break
             if a.outcome is Outcome.ADMITTED:
                 self._start(r)
+                if adapters is not None:
+                    r.lora_slot = self.lora.acquire(r, adapters)
                 order.took(r)
                 entries.append(self._entry(r, a.tokens))
                 tokens.spend(r, a.tokens)
@@ -367,6 +396,7 @@ class Scheduler:
             r.cached_details = cached_details(r.kv_len, r.kv.loaded, self.mem.page_size, self.mem.tiers)
             self.counters["prompt_tokens"] += r.prompt_len
             self.counters["cached_prompt_tokens"] += r.kv_len
+            self.lora_requests.count_admission(r)
         self.counters["recomputed_tokens"] += max(0, r.recompute_len - r.kv_len)
         r.recompute_len = 0
         r.slot = self.free_slots.pop()
@@ -389,7 +419,8 @@ class Scheduler:
         init = None
         if not r.slot_initialized:
             penalty_ids = r.prompt_ids if r.sampling.repetition_penalty != 1 else []
-            init = SlotInit(r.sampling, self.stop.stop_ids(r), penalty_ids, list(r.output_ids), r.long_rope)
+            init = SlotInit(r.sampling, self.stop.stop_ids(r), penalty_ids, list(r.output_ids), r.long_rope,
+                            r.lora_slot)
         self.inflight.append((r, n))
         if r.spec is not None:
             r.spec.pending, r.spec.branched = k, bool(draft is not None and draft.parents)
@@ -488,6 +519,7 @@ class Scheduler:
         self.spec.release(r)
         self.mem.release(r)
         self.running.remove(r)
+        self.lora_requests.released(r, self.running)
         self.free_slots.append(r.slot)
         self.freed_slots.append(r.slot)
         r.slot = None
@@ -508,6 +540,7 @@ class Scheduler:
             **self.tier_costs.stats(),
             forward_steps=self.step_no,
             **self.weights.stats(),
+            **self.lora_requests.stats(),
             **self.admitter.stats(),
             **self.outputs.stats(),
             **self.preemption.stats(),

@@ -22,7 +22,11 @@ from radixrt.messages import (
     GetStats,
     KVMove,
     KVMoves,
+    LoadLora,
+    LoadLoraAdapter,
     LoadWeights,
+    LoraLoaded,
+    ReadLora,
     ReadyMsg,
     SchedulerReady,
     SchedulerToFrontend,
@@ -31,6 +35,7 @@ from radixrt.messages import (
     SpotCheckResult,
     TokenBatchOut,
     TokenizedRequest,
+    UnloadLoraAdapter,
     UpdateWeights,
     WeightsLoaded,
     WorkerReady,
@@ -152,6 +157,13 @@ class Ranks:
         self.send(batch)  # every rank runs every step
         return self.answer(BatchResult, f"step {batch.step}")
 
+    def read_lora(self, msg: ReadLora) -> None:
+        self.send(msg)
+
+    def load_lora(self, msg: LoadLora) -> LoraLoaded:
+        self.send(msg)  # every rank reads its shards
+        return self.answer(LoraLoaded, f"loading LoRA adapter {msg.adapter.name!r}")
+
 
 def stop_ranks(ranks: Ranks, moves: list[KVMove], ctx: zmq.Context) -> None:
     """Send every rank the last moves, then Shutdown, and return only once zmq has written them
@@ -197,6 +209,10 @@ def handle(msg: FrontendMsg, sched: Scheduler) -> SchedulerToFrontend | None:
         return ControlReply(msg.query_id, sched.stats(), error)
     elif isinstance(msg, UpdateWeights):
         return sched.begin_weight_update(msg)  # a refusal, or None: later requests wait for the new weights
+    elif isinstance(msg, LoadLoraAdapter):
+        return sched.load_lora(msg)
+    elif isinstance(msg, UnloadLoraAdapter):
+        return sched.unload_lora(msg)
     return None
 
 

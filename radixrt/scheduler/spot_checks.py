@@ -49,8 +49,10 @@ class SpotChecks:
         self._warned_at = -WARN_EVERY_S
 
     def sample(self, r: Req) -> None:
-        """At arrival: is r one of the checked requests?"""
-        r.spot_check = self.rate > 0 and r.sampling.plain_greedy and self.rng.random() < self.rate
+        """At arrival: is r one of the checked requests? (Not one of a LoRA adapter: the reference
+        runs the base model.)"""
+        r.spot_check = (self.rate > 0 and r.sampling.plain_greedy and r.namespace.adapter is None
+                        and self.rng.random() < self.rate)
 
     @staticmethod
     def note_output(r: Req, lp: EntryLogprobs | None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from radixrt.messages import BatchResult, ForwardBatch, KVMove, ReqOutput
+from radixrt.messages import BatchResult, ForwardBatch, KVMove, LoadLora, LoraLoaded, ReadLora, ReqOutput
 
 if TYPE_CHECKING:
     from radixrt.scheduler.scheduler import Scheduler
@@ -21,9 +21,19 @@ class StepWorker(Protocol):
 
     def forward(self, batch: ForwardBatch) -> BatchResult: ...
 
+    def load_lora(self, msg: LoadLora) -> LoraLoaded: ...  # these two only under --enable-lora
+
+    def read_lora(self, msg: ReadLora) -> None: ...
+
 
 def step(sched: Scheduler, worker: StepWorker) -> list[ReqOutput]:
-    """One step; the outputs it produced (those of requests answered without a batch included)."""
+    """One step; the outputs it produced (those of requests answered without a batch included).
+    The LoRA adapters the last step's waiting requests asked for load first: they run in this one."""
+    if sched.lora is not None:
+        for read in sched.lora.take_reads():  # adapters registered since: the workers read them meanwhile
+            worker.read_lora(read)
+        for msg in sched.lora.take_loads():
+            sched.lora_loaded(worker.load_lora(msg))
     scheduled = sched.schedule()
     if scheduled.moves:  # pages the batch reads or frees move between tiers first
         worker.move(scheduled.moves)

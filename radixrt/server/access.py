@@ -19,7 +19,8 @@ from radixrt.namespace import CacheNamespace
 from radixrt.scheduling_settings import TenantSpec, load_api_keys
 
 OPEN_PREFIXES = ("/health", "/metrics")  # probes and scrapers need no key (as in SGLang)
-ADMIN_PATHS = ("/abort_request", "/flush_cache", "/update_weights_from_disk")  # SGLang's ADMIN_OPTIONAL routes
+ADMIN_PATHS = ("/abort_request", "/flush_cache", "/update_weights_from_disk",  # SGLang's ADMIN_OPTIONAL routes
+               "/load_lora_adapter", "/unload_lora_adapter")
 
 
 def bearer_token(header: str | None) -> str | None:

@@ -28,6 +28,7 @@ from radixrt.frontend.tokenizer_manager import BackendDied
 from radixrt.server.access import authorize, bearer_matches, required_key  # noqa: F401 - also imported from here
 from radixrt.server.browser_guard import BrowserGuard
 from radixrt.server.http_common import ApiError, ServerContext, counted, error_response, internal_error
+from radixrt.server.lora_api import add_lora_routes
 from radixrt.server.native_api import add_native_routes
 from radixrt.server.openai_api import add_openai_routes
 from radixrt.server.schemas import openapi_schemas
@@ -65,6 +66,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
 
     add_native_routes(app, ctx)
     add_openai_routes(app, ctx)
+    add_lora_routes(app, ctx)
     install_openapi(app)
     return app
 

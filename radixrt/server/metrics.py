@@ -141,6 +141,8 @@ SCHEDULER_FIGURES = {
     "spec_ngram_index_entries": ("radixrt:spec_ngram_index_entries", "entries of the NGRAM index over cached text"),
     "spec_ngram_index_bytes": ("radixrt:spec_ngram_index_bytes", "memory the NGRAM index holds (estimated)"),
     "spec_stale_draft_pages": ("radixrt:spec_stale_draft_pages", "STANDALONE: device pages without their draft KV"),
+    "lora_loads": ("radixrt:lora_loads_total", "LoRA adapters read into a worker slot (at first use, after an eviction)"),
+    "lora_adapters": ("radixrt:lora_adapters", "LoRA adapters registered (--lora-paths, /load_lora_adapter)"),
     "quality_spot_checks_skipped": ("radixrt:quality_spot_checks_skipped_total",
                                     "spot checks dropped (a full queue, a sequence longer than the reference pool)"),
 }
@@ -154,6 +156,11 @@ LABELLED = {
                              "cause"),
     "requests_rejected": ("radixrt:requests_rejected", "requests the scheduler answered with a 503 (a full queue, "
                           "outranked, a priority refused, a timeout), by reason", "reason"),
+    "lora_requests": ("radixrt:lora_requests", "requests admitted, by LoRA adapter", "adapter"),
+    "lora_prompt_tokens": ("radixrt:lora_prompt_tokens", "prompt tokens of admitted requests, by LoRA adapter",
+                           "adapter"),
+    "lora_cached_tokens": ("radixrt:lora_cached_tokens", "prompt tokens reused from the cache, by LoRA adapter",
+                           "adapter"),
     "tenant_requests": ("radixrt:tenant_requests", "requests that reached the scheduler, by tenant", "tenant"),
     "tenant_prompt_tokens": ("radixrt:tenant_prompt_tokens", "prompt tokens of admitted requests, by tenant", "tenant"),
     "tenant_cached_tokens": ("radixrt:tenant_cached_tokens", "prompt tokens reused from the cache, by tenant", "tenant"),
@@ -172,7 +179,7 @@ DERIVED = ("kv_usage", "used_tokens", "max_total_tokens")
 INFO_ONLY = frozenset({
     "num_pages", "free_pages", "evictable_pages", "page_size", "forward_steps", "prompt_tokens",
     "cached_prompt_tokens", "jump_forward_tokens", "weight_updates", "weight_update_pending", "held_for_weight_update",
-    "kv_pool_bytes", "page_table_bytes", "weight_bytes", "cost_attention_per_position", "cost_prefill_steps",
+    "kv_pool_bytes", "page_table_bytes", "weight_bytes", "lora_pool_bytes", "cost_attention_per_position", "cost_prefill_steps",
     "spec_step_seconds_fixed", "spec_step_seconds_per_token", "spec_step_seconds_per_draft",
 })
 

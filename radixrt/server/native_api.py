@@ -10,7 +10,7 @@ import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N, memory_section, tenants_section
+from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N, adapters_section, memory_section, tenants_section
 from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.weights import check_update_options, model_info
 from radixrt.model_source import resolve_update_path
@@ -136,6 +136,7 @@ def _add_cache_report(app: FastAPI, ctx: ServerContext) -> None:
         if only is None or not (ctx.http.api_key or ctx.http.admin_api_key or ctx.keys):  # every namespace's figures:
             report["memory"] = memory_section(stats)  # an admin's, or anyone's where all is open
             report["tenants"] = tenants_section(stats)
+            report["lora_adapters"] = adapters_section(stats)
         elif tenant is not None:
             report["tenants"] = tenants_section(stats, tenant.tenant)
         return json_response(report)

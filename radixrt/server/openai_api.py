@@ -29,6 +29,7 @@ from fastapi.responses import Response
 from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.sampling_defaults import with_defaults
+from radixrt.lora_settings import split_model_name
 from radixrt.sampling_params import SamplingParamsIn, refuse_unsupported
 from radixrt.server.chat_templates import named_template
 from radixrt.server.http_common import ApiError, ServerContext, body_schema, json_response, read_typed
@@ -61,8 +62,8 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/v1/models")
     async def models() -> Response:
         card = {"id": ctx.args.model_name, "object": "model", "created": 0, "owned_by": "radixrt",
-                "root": ctx.args.model_path, "max_model_len": ctx.manager.context_length}
-        return json_response({"object": "list", "data": [card]})
+                "root": ctx.args.model_path, "parent": None, "max_model_len": ctx.manager.context_length}
+        return json_response({"object": "list", "data": [card, *ctx.manager.lora.model_cards(ctx.args.model_name)]})
 
     @app.post("/v1/completions", openapi_extra=body_schema("CompletionRequest"))
     async def completions(request: Request) -> Response:
@@ -106,10 +107,11 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
 
 def native_request(body: OpenAISampling, **fields: Any) -> GenerateRequest:
     """The native request of an OpenAI one: its prompt, sampling and logprob fields (given), and
-    what both routes pass through alike (rid, the cache namespace, cache_control)."""
+    what both routes pass through alike (rid, the cache namespace, cache_control, the LoRA adapter)."""
+    _, adapter = split_model_name(body.model)  # SGLang's: "base:adapter" wins over lora_path
     return GenerateRequest(return_text_in_logprobs=True, rid=body.rid, cache_salt=body.cache_salt,
                            extra_key=body.extra_key, cache_control=body.cache_control, priority=body.priority,
-                           **fields)
+                           lora_path=adapter if adapter is not None else body.lora_path, **fields)
 
 
 def _sampling(body: OpenAISampling, overrides: dict[str, Any]) -> SamplingParamsIn:

@@ -89,10 +89,11 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ebnf: str | None = None
     # SGLang's: the answer's sglext.cached_tokens_details (not in streams, as in SGLang)
     return_cached_tokens_details: bool = False
+    # SGLang's: the LoRA adapter's name (or a list, one per prompt); `model: "base:adapter"` wins over it
+    lora_path: str | list[str | None] | None = None
     # Fields this server does not honour: see the tables below.
     logit_bias: Any = None
     stop_regex: Any = None
-    lora_path: Any = None
     session_params: Any = None
     custom_params: Any = None
     custom_logit_processor: Any = None
@@ -152,7 +153,7 @@ class ChatCompletionRequest(OpenAISampling, kw_only=True):
 # SGLang 0.5.9's OpenAI fields this server cannot honour, with SGLang's defaults: that value (or an
 # empty one) is accepted, anything else is a 400 naming the field.
 OPENAI_UNSUPPORTED: dict[str, Any] = {
-    "logit_bias": None, "stop_regex": None, "lora_path": None, "session_params": None, "custom_params": None,
+    "logit_bias": None, "stop_regex": None, "session_params": None, "custom_params": None,
     "custom_logit_processor": None, "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None,
     "data_parallel_rank": None, "return_hidden_states": False, "return_routed_experts": False,
 }
@@ -199,9 +200,30 @@ class UpdateWeightsBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     http_worker_ipc: str | None = None
 
 
+class LoadLoraAdapterBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """SGLang 0.5.9's LoadLoRAAdapterReqInput (lora_id is its TokenizerManager's own: ignored)."""
+
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+    lora_id: str | None = None
+    rid: str | list[str] | None = None
+    http_worker_ipc: str | None = None
+
+
+class UnloadLoraAdapterBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """SGLang 0.5.9's UnloadLoRAAdapterReqInput."""
+
+    lora_name: str
+    lora_id: str | None = None
+    rid: str | list[str] | None = None
+    http_worker_ipc: str | None = None
+
+
 # UpdateWeightsBody fields the call takes itself; the rest are options (frontend/weights.check_update_options)
 UPDATE_CALL_FIELDS = ("model_path", "abort_all_requests", "weight_version", "rid", "http_worker_ipc")
-BODY_TYPES: tuple[type, ...] = (GenerateRequest, CompletionRequest, ChatCompletionRequest, AbortBody, UpdateWeightsBody)
+BODY_TYPES: tuple[type, ...] = (GenerateRequest, CompletionRequest, ChatCompletionRequest, AbortBody, UpdateWeightsBody,
+                                LoadLoraAdapterBody, UnloadLoraAdapterBody)
 
 
 def decode_body(raw: bytes, kind: type) -> Any:

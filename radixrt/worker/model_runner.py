@@ -31,6 +31,8 @@ from radixrt.messages import (
     EntryLogprobs,
     ForwardBatch,
     KVMove,
+    LoadLora,
+    LoraLoaded,
     SpecVerdict,
     SpotCheck,
     SpotCheckResult,
@@ -57,6 +59,7 @@ from radixrt.worker.runner_setup import (
     init_tensor_parallel,
     kv_fingerprint,
     load_for_serving,
+    lora_bank,
     model_shape,
     place,
     spot_checker,
@@ -92,6 +95,7 @@ class ModelRunner:
         self.model_path = args.model_path  # the checkpoint now loaded (a weight update changes it)
         self.cfg, self.dtype, self.context_length = model_shape(args, device)
         self.model, self.matmul, self.packing, self.quant = load_for_serving(args, self.cfg, self.dtype, device, self.ranks)
+        self.lora = lora_bank(args, self.model, self.quant.scheme)  # before the pool: its slots take memory
         self.cache, self.bytes_per_token = build_kv_pool(args, self.cfg, self.dtype, device, self.ranks,
                                                          self.context_length)
         self.backend_name = args.attention_backend or default_attention_backend(device.type)
@@ -143,6 +147,16 @@ class ModelRunner:
         self.tiers.run(moves)
         if self.tiers.disk is not None:  # every rank ran the same moves: as many outcomes, in the same order
             self.tiers.disk.settle(self.ranks.reduce_each(self.tiers.disk.outcomes(), torch.distributed.ReduceOp.MAX))
+
+    def load_lora(self, msg: LoadLora) -> LoraLoaded:
+        """Every rank reads the adapter into its slot; any rank's failure is the answer (the slot
+        then holds nothing the scheduler will use)."""
+        assert self.lora is not None, "LoadLora without --enable-lora"
+        why = _try(lambda: self.lora.load(msg.slot, msg.adapter), f"loading LoRA adapter {msg.adapter.name!r}")
+        failed = self.ranks.first_failed(why is not None)
+        if failed is not None:
+            return LoraLoaded(msg.slot, why or f"rank {failed} could not load LoRA adapter {msg.adapter.name!r}")
+        return LoraLoaded(msg.slot)
 
     # -- weight updates ----------------------------------------------------------------------
 
@@ -216,6 +230,7 @@ class ModelRunner:
             kv_pool_bytes=sum(b.nbytes for b in self.cache.buffers),
             page_table_bytes=self.slots.page_table.nbytes,
             weight_bytes=sum(p.nbytes for p in self.model.parameters()),
+            lora_pool_bytes=self.lora.nbytes() if self.lora is not None else 0,
             weights_fingerprint=self.fingerprint,
             retention_refusals=self.retention_refusals,
             memory=self.memory.read(),
@@ -246,7 +261,11 @@ class ModelRunner:
             hidden = self.graphs.replay(meta, input_ids, positions)  # [T, hidden]
         else:
             self.attn.init_forward(meta)
+            if self.lora is not None:
+                self.lora.plan(self.slots.lora_rows(entries), self.device)
             hidden = self.model(input_ids, positions, self.attn)  # [T, hidden]
+            if self.lora is not None:
+                self.lora.clear_plan()  # spot checks and drafts run the base model
         rows = LogitRows.plan(entries)
         logits = self.model.compute_logits(hidden[rows.index(self.device)])  # [R, vocab] float32
         page_mass = gather_mass(self.attn, entries, meta.mass_reqs, self.tp)  # every rank: an all-reduce

@@ -41,6 +41,7 @@ from radixrt.models.int8_linear import (
     choose_int8_kernel,
 )
 from radixrt.models.llama import rank_heads
+from radixrt.models.lora import LoraBank
 from radixrt.models.parallel import TPGroup
 from radixrt.models.weight_quant import use_int8_kernel
 from radixrt.quant_settings import WeightScheme
@@ -151,6 +152,27 @@ def quantized_kernels(model: torch.nn.Module, scheme: WeightScheme, dtype: torch
     reason = f"{scheme.source}; {layers} linear layers int8 but lm_head{moe}; kernel {picked}: {choice.reason}"
     logger.info("weights: %s", reason)
     return QuantChoice(scheme.name, reason)
+
+
+HOST_LORA_COPIES = 64  # adapters' tensors kept in host memory without --max-loaded-loras (a miss reads the files)
+
+
+def lora_bank(args: ServerArgs, model: torch.nn.Module, weight_scheme: str) -> LoraBank | None:
+    """The model's LoRA slots under --enable-lora (models/lora.py), each start-up adapter checked
+    against this model; None without LoRA. A base model whose weights are quantized is refused
+    by name: the adapters add to full-precision layers only."""
+    serving = args.lora
+    if serving is None:
+        return None
+    if weight_scheme != "none":
+        raise ValueError(f"--enable-lora cannot serve a quantized base model (its weights are {weight_scheme}): "
+                         "radixrt's LoRA adds to full-precision base layers only")
+    bank = LoraBank(model, serving.slots, serving.rank, serving.sites, serving.max_loaded or HOST_LORA_COPIES)
+    for adapter in serving.adapters:  # a misfit (a module this model lacks) fails the start, naming it
+        bank.load(0, adapter)
+    logger.info("LoRA: %d slots of rank %d on %s (%.1f MiB)", serving.slots, serving.rank, ", ".join(serving.sites),
+                bank.nbytes() / 2**20)
+    return bank
 
 
 def build_kv_pool(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, ranks: Ranks,

@@ -12,9 +12,8 @@ carries its SlotInit until ForwardBatch.freed_slots names it. Per slot the table
 
 The sampler keeps each slot's sampling state itself (sampler.py).
 
-Room for what comes next, which is per slot too: a request's LoRA adapter is a field of Slot
-beside long_rope, set from SlotInit in `apply`; its speculative draft KV is a second page
-table beside `page_table`, grown from the same kind of deltas, with its length in Slot.
+A slot also holds its request's LoRA adapter slot (Slot.lora, from SlotInit in `apply`):
+`lora_rows` gives each batch row's, for the model's LoRA plan (models/lora.py).
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ class Slot:
 
     pages_used: int = 0  # leading columns of its page-table row that hold its pages
     long_rope: bool = False  # a longrope model's request past its original context: the long rope factors
+    lora: int = -1  # the LoRA adapter slot its rows add (SlotInit.lora_slot); -1: none
 
 
 class SlotTable:
@@ -61,7 +61,7 @@ class SlotTable:
         rows, cols, pages = [], [], []
         for e in batch.entries:
             if e.init is not None:
-                self.slots[e.slot] = Slot(long_rope=e.init.long_rope)
+                self.slots[e.slot] = Slot(long_rope=e.init.long_rope, lora=e.init.lora_slot)
             s = self.slots[e.slot]
             if e.retain is not None:  # retention dropped pages: the whole row anew
                 self.page_table[e.slot, : len(e.retain.pages)] = torch.tensor(e.retain.pages, dtype=PAGE_TABLE_DTYPE)
@@ -74,6 +74,10 @@ class SlotTable:
             t = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
             self.page_table[t(rows), t(cols)] = t(pages)
         self.retention.shift_sinks(batch.entries)
+
+    def lora_rows(self, entries: list[BatchEntry]) -> list[int]:
+        """Each input row's LoRA adapter slot (-1: the base model), in batch order."""
+        return [self.slots[e.slot].lora for e in entries for _ in range(len(e.input_ids))]
 
     def rows(self, slots: torch.Tensor, max_pages: int) -> torch.Tensor:
         """slots: [B] -> [B, max_pages] their page tables' first columns."""

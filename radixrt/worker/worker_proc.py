@@ -14,7 +14,9 @@ from radixrt.messages import (
     Connected,
     ForwardBatch,
     KVMoves,
+    LoadLora,
     LoadWeights,
+    ReadLora,
     ReadyMsg,
     SchedulerToWorker,
     Shutdown,
@@ -56,6 +58,9 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 
         if isinstance(msg, KVMoves):
             runner.move(msg.moves)
             continue
+        if isinstance(msg, ReadLora):  # a background read: the loop goes on
+            runner.lora.read(msg.adapter)
+            continue
         reply = _serve(rank, *_work(runner, msg))
         if outbox is not None:
             outbox.send(reply)
@@ -65,6 +70,8 @@ def _work(runner: ModelRunner, msg: SchedulerToWorker) -> tuple[Callable[[], Wor
     """What to run for a message that rank 0 answers, and what a failure of it leaves unknown."""
     if isinstance(msg, LoadWeights):  # every rank or none: an exception is a failed rollback, part old, part new
         return lambda: runner.load_weights(msg.model_path), "could not restore its weights after a failed update"
+    if isinstance(msg, LoadLora):
+        return lambda: runner.load_lora(msg), f"failed loading LoRA adapter {msg.adapter.name!r}"
     if isinstance(msg, SpotCheck):
         return lambda: runner.spot_check(msg), f"failed running spot check {msg.check_id}"
     assert isinstance(msg, ForwardBatch)

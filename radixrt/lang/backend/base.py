@@ -26,6 +26,9 @@ class SelectOutput:
 class Backend(Protocol):
     """A model to run programs on. Every call blocks; raises RuntimeEndpointError on a server error.
 
+    `lora_path` (in GenParams for generate) names the LoRA adapter every request of the call runs
+    on; None means the base model.
+
     Calls come from many executor threads at once, so an implementation must be thread-safe.
     """
 
@@ -37,10 +40,11 @@ class Backend(Protocol):
         """Snapshots of the output so far (text is cumulative); the last one is final."""
         ...
 
-    def cache_prefix(self, prompt: str) -> dict[str, Any]:
+    def cache_prefix(self, prompt: str, lora_path: str | None = None) -> dict[str, Any]:
         """Prefill `prompt` only (no tokens generated) so later requests find it cached; its meta_info."""
         ...
 
-    def select(self, prompt: str, choices: Sequence[str], method: ChoicesMethod) -> SelectOutput:
+    def select(self, prompt: str, choices: Sequence[str], method: ChoicesMethod,
+               lora_path: str | None = None) -> SelectOutput:
         """Score every choice after `prompt` and let `method` pick one."""
         ...

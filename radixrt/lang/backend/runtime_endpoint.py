@@ -57,43 +57,44 @@ class RuntimeEndpoint:
         for event in http.stream(self.base_url + "/generate", body, self.api_key, self.timeout):
             yield GenOutput(event["text"], event["meta_info"])
 
-    def cache_prefix(self, prompt: str) -> dict[str, Any]:
-        body = {"text": prompt, "sampling_params": {"max_new_tokens": 0}}
+    def cache_prefix(self, prompt: str, lora_path: str | None = None) -> dict[str, Any]:
+        body = with_lora({"text": prompt, "sampling_params": {"max_new_tokens": 0}}, lora_path)
         return self._call("POST", "/generate", body)["meta_info"]
 
     def select(self, prompt: str, choices: Sequence[str],
-               method: ChoicesMethod = token_length_normalized) -> SelectOutput:
+               method: ChoicesMethod = token_length_normalized, lora_path: str | None = None) -> SelectOutput:
         """Score each choice after `prompt` by SGLang's requests and arithmetic (scoring.py), then
         let `method` decide (choices.py).
 
         First the prefix alone, prefill-only: it lands in the radix cache (so the scoring requests
         reuse it) and tells its length P. Then one batched prefill-only request of prefix+choice
         with prompt logprobs from logprob_start(P) on. A method that needs unconditional logprobs
-        gets a third request: each choice's scored token ids alone.
+        gets a third request: each choice's scored token ids alone. Every one of them runs on
+        `lora_path`'s adapter, so the scores are the adapter's (and the prefix is cached under it).
         """
-        prefix_tokens = self.cache_prefix(prompt)["prompt_tokens"]
-        body = {
+        prefix_tokens = self.cache_prefix(prompt, lora_path)["prompt_tokens"]
+        body = with_lora({
             "text": [prompt + c for c in choices],
             "sampling_params": {"max_new_tokens": 0, "temperature": 0},
             "return_logprob": True,
             "return_text_in_logprobs": True,
             "logprob_start_len": logprob_start(prefix_tokens),
-        }
+        }, lora_path)
         outs = [o["meta_info"] for o in self._call("POST", "/generate", body)]
         scores = [score_choice(prompt, m["input_token_logprobs"]) for m in outs]
         scored = ScoredChoices(
             choices, [s.normalized for s in scores], [s.entries for s in scores],
             [m["output_token_logprobs"] for m in outs],
-            self._unconditional(scores) if method.requires_unconditional_logprobs else None)
+            self._unconditional(scores, lora_path) if method.requires_unconditional_logprobs else None)
         decision = method(scored)
         meta = {**decision.meta, "prompt_tokens": prefix_tokens, "cached_tokens": [m["cached_tokens"] for m in outs]}
         return SelectOutput(decision.index, choices[decision.index], meta)
 
-    def _unconditional(self, scores: Sequence[ChoiceScore]) -> list[list[Any]]:
+    def _unconditional(self, scores: Sequence[ChoiceScore], lora_path: str | None) -> list[list[Any]]:
         """input_token_logprobs of each choice's scored tokens as a prompt of their own (SGLang's
         request: no logprob_start_len, so the server's default range)."""
-        body = {"input_ids": [[e[1] for e in s.entries] for s in scores],
-                "sampling_params": {"max_new_tokens": 0}, "return_logprob": True}
+        body = with_lora({"input_ids": [[e[1] for e in s.entries] for s in scores],
+                          "sampling_params": {"max_new_tokens": 0}, "return_logprob": True}, lora_path)
         return [o["meta_info"]["input_token_logprobs"] for o in self._call("POST", "/generate", body)]
 
     @staticmethod
@@ -101,4 +102,10 @@ class RuntimeEndpoint:
         body: dict[str, Any] = {"text": prompt, "sampling_params": params.sampling_params()}
         if params.return_logprob:
             body.update(return_logprob=True, return_text_in_logprobs=True)
-        return body
+        return with_lora(body, params.lora_path)
+
+
+def with_lora(body: dict[str, Any], lora_path: str | None) -> dict[str, Any]:
+    """`body` sent to `lora_path`'s adapter: /generate's `lora_path` field (the adapter's name; one
+    value serves every prompt of a batched request). Without one the body stays as it was: the base model."""
+    return {**body, "lora_path": lora_path} if lora_path is not None else body
