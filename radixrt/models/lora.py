@@ -57,7 +57,7 @@ class LoraBatch:
     slice (a run of consecutive rows, read and written in place) or an index tensor (the rows of
     an adapter scattered through the batch). Empty: the base model alone."""
 
-    groups: list[tuple[int, slice | torch.Tensor]] = field(default_factory=list)
+    groups: list[tuple[int, slice | torch.Tensor | None]] = field(default_factory=list)  # None: every row
 
 
 class LoraSite:
@@ -67,19 +67,23 @@ class LoraSite:
         weight = layer.weight
         out, inp = (weight.shape[0], weight.shape[1])
         self.rank, self.batch = rank, batch
-        self.A = torch.zeros(slots, parts * rank, inp, dtype=weight.dtype, device=weight.device)
+        # A^T and B^T, [slots, in, parts * R] and [slots, parts * R, out]; `a` and `b` are each slot's view
+        self.At = torch.zeros(slots, inp, parts * rank, dtype=weight.dtype, device=weight.device)
         # B transposed ([slots, parts * R, out]): every slot's B^T stacked is one [slots * parts * R, out] view
         self.Bt = torch.zeros(slots, parts * rank, out, dtype=weight.dtype, device=weight.device)
+        self.a, self.b = list(self.At.unbind(0)), list(self.Bt.unbind(0))
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Add each adapter's delta to its rows of y (the base output of x, [T, out], a new tensor
-        of the layer's compute dtype), in place: a run of rows accumulates into y through addmm_."""
+        in the layer's compute dtype, which x is in too), in place: a run of rows (or all of them,
+        rows None) accumulates into y through addmm_. Few torch calls: a decode step is made of them."""
         for slot, rows in self.batch.groups:
-            h = x[rows].to(self.A.dtype) @ self.A[slot].T  # [n, parts * R]
-            if isinstance(rows, slice):
-                y[rows].addmm_(h.to(y.dtype), self.Bt[slot].to(y.dtype))
+            if rows is None:
+                y.addmm_(torch.mm(x, self.a[slot]), self.b[slot])
+            elif isinstance(rows, slice):
+                y[rows].addmm_(torch.mm(x[rows], self.a[slot]), self.b[slot])
             else:
-                y.index_add_(0, rows, (h @ self.Bt[slot]).to(y.dtype))
+                y.index_add_(0, rows, torch.mm(torch.mm(x[rows], self.a[slot]), self.b[slot]))
 
 
 class LoraBank:
@@ -100,7 +104,7 @@ class LoraBank:
                 module.lora = self.sites[name] = LoraSite(module, slots, rank, SITE_PARTS[site], self.batch)
 
     def nbytes(self) -> int:
-        return sum(s.A.nbytes + s.Bt.nbytes for s in self.sites.values())
+        return sum(s.At.nbytes + s.Bt.nbytes for s in self.sites.values())
 
     def plan(self, row_slots: list[int], device: torch.device) -> None:
         """row_slots: each batch row's adapter slot (-1: the base model) -> the step's groups: one
@@ -116,11 +120,13 @@ class LoraBank:
             if slot >= 0:
                 runs.append((slot, slice(start, start + n)))
             start += n
-        if len(runs) <= MAX_RUNS_PER_ADAPTER * len(slots):
+        if len(runs) == 1 and runs[0][1] == slice(0, len(row_slots)):  # one adapter for every row
+            self.batch.groups.append((runs[0][0], None))
+        elif len(runs) <= MAX_RUNS_PER_ADAPTER * len(slots):
             self.batch.groups.extend(runs)
-            return
-        t = torch.tensor(row_slots, device=device)
-        self.batch.groups.extend((slot, torch.nonzero(t == slot).flatten()) for slot in sorted(slots))
+        else:
+            t = torch.tensor(row_slots, device=device)
+            self.batch.groups.extend((slot, torch.nonzero(t == slot).flatten()) for slot in sorted(slots))
 
     def clear_plan(self) -> None:
         self.batch.groups.clear()
@@ -129,7 +135,7 @@ class LoraBank:
         """Fill slot with the adapter's tensors (this rank's shards); the slot's old ones are zeroed
         first. Raises AdapterError naming a module the adapter has and this model does not."""
         for site in self.sites.values():
-            site.A[slot].zero_()
+            site.At[slot].zero_()
             site.Bt[slot].zero_()
         for module, (a, b) in self._pairs(adapter).items():
             self._load_module(slot, adapter, module, a, b)
@@ -163,10 +169,10 @@ class LoraBank:
             part = fused.get(name.split(".")[-2], (None, 0))[1]
             ranks = slice(part * self.rank, part * self.rank + r)
             if len(src_index) == 2:  # row-parallel: this rank's input columns of A, all of B
-                site.A[slot, ranks] = a[src_index].to(site.A.dtype)
+                site.At[slot, :, ranks] = a[src_index].T.to(site.At.dtype)
                 site.Bt[slot, ranks] = (source[src_index[:1]] * adapter.scaling).T.to(site.Bt.dtype)
             else:
-                site.A[slot, ranks] = a.to(site.A.dtype)
+                site.At[slot, :, ranks] = a.T.to(site.At.dtype)
                 site.Bt[slot, ranks, dst_rows] = (source[src_index] * adapter.scaling).T.to(site.Bt.dtype)
 
 

@@ -65,11 +65,12 @@ def _product(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> to
     """The layer's x @ W^T (+ bias) in its compute dtype, its LoRA deltas added to that in place
     (no pass over the output of their own), returned in x's dtype."""
     if layer.int8 is not None:
-        y = layer.int8(x, layer.weight, layer.weight_scale, bias)
+        xw, y = x, layer.int8(x, layer.weight, layer.weight_scale, bias)
     else:
-        y = _linear(layer.weight, layer.packed, x, bias)
+        xw = x.to(layer.weight.dtype)  # once, for the base product and the adapters' alike
+        y = _linear(layer.weight, layer.packed, xw, bias)
     if layer.lora is not None:
-        layer.lora.add(x, y)
+        layer.lora.add(xw.to(y.dtype), y)
     return y.to(x.dtype)
 
 
