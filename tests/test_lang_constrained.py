@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from typing import Any
 
 import jsonschema
