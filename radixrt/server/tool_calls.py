@@ -3,10 +3,11 @@
 Two ways a chat answer carries calls, as in SGLang:
 
 - tool_choice "auto": the model writes calls in its own format inside free text, and a
-  parser named by --tool-call-parser (TOOL_CALL_PARSERS) takes them out. hermes and qwen25
-  wrap each call in <tool_call>...</tool_call>; llama3 writes bare JSON objects joined by
-  ";", after an optional <|python_tag|>. StreamingToolParser does the same on a stream of
-  deltas, holding back what may still become a call.
+  parser named by --tool-call-parser (TOOL_CALL_PARSERS) takes them out. Each format opens a
+  call region with a marker and reads it with its own closer and region parser
+  (tool_formats.py: hermes, qwen25, llama3, mistral, deepseekv3; tool_formats_markup.py:
+  pythonic, qwen3_coder, gpt-oss). StreamingToolParser does the same on a stream of deltas,
+  holding back what may still become a call; parse() is the stream fed whole, so both agree.
 - tool_choice "required" or a named function: the output is constrained by
   tool_choice_schema to a JSON array of {"name", "parameters"} objects, which
   calls_from_constrained reads back.
@@ -14,129 +15,67 @@ Two ways a chat answer carries calls, as in SGLang:
 Parsing never raises on model text: whatever is not a well-formed call stays content, as in
 SGLang and vLLM when parsing fails. Arguments are strict JSON: a call whose arguments hold
 NaN or Infinity (or a number too large for a float), a lone surrogate, or nesting too deep
-to decode or encode is not a call.
+to decode or encode is not a call. Unlike SGLang, calls to functions the request did not
+offer are kept (the client sees what the model asked for); the request's tools only type
+qwen3_coder's parameter values.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 from radixrt.errors import RequestError
+from radixrt.server import tool_formats as tf
+from radixrt.server import tool_formats_markup as tm
+from radixrt.server.tool_formats import Parsed, ToolCall, Undecided, calls_of, tool_schemas
 
-_JSON = json.JSONDecoder()
-_WHITESPACE = " \t\r\n"
-
-
-def _new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str  # a JSON object, serialized (OpenAI sends arguments as a string)
-    id: str = field(default_factory=_new_call_id)
-
-
-class Parsed(NamedTuple):
-    content: str  # the text outside the calls
-    calls: list[ToolCall]
-
-
-def _calls_of(value: Any) -> list[ToolCall] | None:
-    """The calls in one decoded JSON value (an object, or an array of them); None unless all are calls.
-
-    A call is {"name": non-empty string, "arguments" or "parameters": object (default {})}."""
-    objs = value if isinstance(value, list) else [value]
-    calls = []
-    for obj in objs:
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-            return None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        encoded = _strict_json(args) if isinstance(args, dict) else None
-        if encoded is None or _strict_json(obj["name"]) is None:
-            return None
-        calls.append(ToolCall(obj["name"], encoded))
-    return calls or None
-
-
-def _strict_json(value: Any) -> str | None:
-    """value as strict JSON text that encodes as UTF-8 (what a client's JSON parser takes), or None:
-    NaN or Infinity (allow_nan=False; 1e999 reads as Infinity), a lone surrogate, too deep to encode."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-        text.encode("utf-8")
-    except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
-        return None
-    return text
-
-
-def _skip_ws(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in _WHITESPACE:
-        pos += 1
-    return pos
-
-
-def _decode_calls(body: str, separator: str | None) -> tuple[list[ToolCall], str]:
-    """Calls decoded from the start of body, one JSON value after another joined by separator
-    (None: one value only); stops at the first value that is not a call. Returns the calls
-    and the undecoded rest of body."""
-    calls: list[ToolCall] = []
-    pos = 0
-    while True:
-        start = _skip_ws(body, pos)
-        try:
-            value, end = _JSON.raw_decode(body, start)
-        except (json.JSONDecodeError, RecursionError):  # not JSON, or nested deeper than the decoder goes
-            return calls, body[pos:]
-        found = _calls_of(value)
-        if found is None:
-            return calls, body[pos:]
-        calls += found
-        pos = _skip_ws(body, end)
-        if separator is None or not body.startswith(separator, pos):
-            return calls, body[pos:]
-        pos += len(separator)
+__all__ = ["TOOL_CALL_PARSERS", "Parsed", "StreamingToolParser", "ToolCall", "ToolCallFormat",
+           "calls_from_constrained", "tool_choice_schema"]
 
 
 @dataclass(frozen=True)
 class ToolCallFormat:
     """How one model family writes calls in free text.
 
-    A call region opens with `begin`, or (only as the first non-blank text) with one of
-    `bare_starts`, and closes with `end`; with no `end` it runs to the end of the text.
-    Inside, JSON call objects are joined by `separator` (None: exactly one per region)."""
+    A call region opens at the earliest of `openers`, or (only as
+    the first non-blank text) at one of `bare_starts`; `close` says where it ends and `region`
+    reads it (the contract is in tool_formats)."""
 
-    begin: str
-    end: str | None
+    openers: tuple[str, ...]
+    close: tf.Closer
+    region: tf.RegionParser
     bare_starts: tuple[str, ...] = ()
-    separator: str | None = None
 
-    def parse(self, text: str) -> Parsed:
-        """(content outside the calls, stripped; the calls). Same result as streaming text whole."""
-        stream = StreamingToolParser(self)
+    def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> Parsed:
+        """(content outside the calls, stripped; the calls). Same result as streaming text whole.
+        tools: the request's OpenAI tools, which some formats use to type arguments."""
+        stream = StreamingToolParser(self, tools)
         content, calls = stream.feed(text)
         rest, more = stream.finish()
         return Parsed(content + rest, calls + more)
 
-    def region(self, body: str) -> Parsed | None:
-        """The calls in a region's body (markers removed) and content left over; None: not calls."""
-        calls, rest = _decode_calls(body, self.separator)
-        if not calls or (self.end is not None and rest.strip()):
-            return None  # a tagged block is one call or nothing
-        return Parsed(rest, calls)
+
+def _tagged_json(begin: str, end: str) -> ToolCallFormat:
+    return ToolCallFormat((begin,), tf.closed_by(begin, end), tf.tagged(begin, end, tf.one_json_call))
 
 
-# Names as SGLang's --tool-call-parser. NOTE: in tagged formats the first end marker closes
-# the block, so an argument string that contains "</tool_call>" leaves the block as content.
+# Names as SGLang's --tool-call-parser. NOTE: in tagged formats (hermes, qwen25, qwen3_coder,
+# deepseekv3, gpt-oss) the first end marker closes the block, so an argument string that holds
+# the end marker leaves the block as content.
 TOOL_CALL_PARSERS: MappingProxyType[str, ToolCallFormat] = MappingProxyType({
-    "hermes": ToolCallFormat("<tool_call>", "</tool_call>"),
-    "qwen25": ToolCallFormat("<tool_call>", "</tool_call>"),
-    "llama3": ToolCallFormat("<|python_tag|>", None, bare_starts=("{", "["), separator=";"),
+    "hermes": _tagged_json("<tool_call>", "</tool_call>"),
+    "qwen25": _tagged_json("<tool_call>", "</tool_call>"),
+    "llama3": ToolCallFormat((tf.LLAMA3_TAG,), tf.runs_to_end, tf.llama3_region, bare_starts=("{", "[")),
+    "mistral": ToolCallFormat((tf.MISTRAL_TAG,), tf.runs_to_end, tf.mistral_region),
+    "deepseekv3": ToolCallFormat((tf.DEEPSEEK_BEGIN,), tf.closed_by(tf.DEEPSEEK_BEGIN, tf.DEEPSEEK_END),
+                                 tf.deepseekv3_region),
+    "pythonic": ToolCallFormat((tm.PY_START, "["), tm.close_pythonic, tm.pythonic_region),
+    "qwen3_coder": ToolCallFormat((tm.QWEN3_CODER_BEGIN,), tf.closed_by(tm.QWEN3_CODER_BEGIN, tm.QWEN3_CODER_END),
+                                  tm.qwen3_coder_region),
+    "gpt-oss": ToolCallFormat(tm.HARMONY_OPENERS, tm.close_harmony, tm.harmony_region),
 })
 
 
@@ -148,6 +87,12 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
+def _first_opener(text: str, openers: tuple[str, ...]) -> int:
+    """Where the earliest opener in text starts; -1 if none."""
+    found = [i for m in openers if (i := text.find(m)) != -1]
+    return min(found, default=-1)
+
+
 class StreamingToolParser:
     """Finds calls in text that arrives in deltas; content comes out as soon as it cannot be
     part of a call. Concatenating every returned content gives parse()'s content (leading
@@ -155,10 +100,11 @@ class StreamingToolParser:
 
     Not thread-safe: one per stream."""
 
-    def __init__(self, parser: str | ToolCallFormat) -> None:
+    def __init__(self, parser: str | ToolCallFormat, tools: list[dict[str, Any]] | None = None) -> None:
         self.fmt = TOOL_CALL_PARSERS[parser] if isinstance(parser, str) else parser
+        self._schemas = tool_schemas(tools)
         self._buf = ""  # text not yet given out or decided
-        self._marker_len: int | None = None  # inside a region: length of its opening marker
+        self._in_region = False  # the buffer starts with an open call region
         self._at_start = True  # no non-blank text yet: a bare start may open a region
         self._blank = ""  # whitespace held back: given out only if content follows it
         self._started = False  # some content given out (so leading whitespace is no longer dropped)
@@ -173,49 +119,57 @@ class StreamingToolParser:
         return Parsed(self._content(out), calls)
 
     def finish(self) -> Parsed:
-        """Flush at the end of the text: an open region is decided now (unterminated: content)."""
+        """Flush at the end of the text: an open region is decided now, as its format reads an
+        unterminated region (most: content)."""
         out = [self._buf]
         calls: list[ToolCall] = []
-        if self._marker_len is not None and self.fmt.end is None:
-            found = self.fmt.region(self._buf[self._marker_len:])
+        if self._in_region:
+            found = self.fmt.region(self._buf, self._schemas)
             if found is not None:
                 out, calls = [found.content], found.calls
-        self._buf, self._marker_len = "", None
+        self._buf, self._in_region = "", False
         return Parsed(self._content(out), calls)
 
     def _step(self, out: list[str], calls: list[ToolCall]) -> bool:
         """Consume what can be decided from the buffer; True if another step may decide more."""
         fmt, buf = self.fmt, self._buf
-        if self._marker_len is None:
-            if self._at_start and fmt.bare_starts:
-                head = buf.lstrip()
-                if not head:
-                    return False
-                self._at_start = False
-                if head.startswith(fmt.bare_starts):
-                    self._buf, self._marker_len = head, 0
-                    return True
-            i = buf.find(fmt.begin)
-            if i == -1:
-                keep = _partial_suffix(buf, fmt.begin)
-                out.append(buf[:len(buf) - keep])
-                self._buf = buf[len(buf) - keep:]
-                return False
-            out.append(buf[:i])
-            self._buf, self._marker_len, self._at_start = buf[i:], len(fmt.begin), False
-            return True
-        if fmt.end is None:
-            return False  # the region runs to the end of the text: decided in finish()
-        j = buf.find(fmt.end, self._marker_len)
-        if j == -1:
+        if not self._in_region:
+            return self._open(out)
+        end = fmt.close(buf)
+        if end is Undecided.WAIT:
             return False
-        found = fmt.region(buf[self._marker_len:j])
+        if end is Undecided.NOT_CALL:  # the opener's first character is content; look again after it
+            out.append(buf[:1])
+            self._buf, self._in_region = buf[1:], False
+            return True
+        found = fmt.region(buf[:end], self._schemas)
         if found is None:
-            out.append(buf[:j + len(fmt.end)])
+            out.append(buf[:end])
         else:
             out.append(found.content)
             calls += found.calls
-        self._buf, self._marker_len = buf[j + len(fmt.end):], None
+        self._buf, self._in_region = buf[end:], False
+        return True
+
+    def _open(self, out: list[str]) -> bool:
+        """Give out content up to the next region's opener; True if a region opened."""
+        fmt, buf = self.fmt, self._buf
+        if self._at_start and fmt.bare_starts:
+            head = buf.lstrip()
+            if not head:
+                return False
+            self._at_start = False
+            if head.startswith(fmt.bare_starts):
+                self._buf, self._in_region = head, True
+                return True
+        i = _first_opener(buf, fmt.openers)
+        if i == -1:
+            keep = max(_partial_suffix(buf, m) for m in fmt.openers)
+            out.append(buf[:len(buf) - keep])
+            self._buf = buf[len(buf) - keep:]
+            return False
+        out.append(buf[:i])
+        self._buf, self._in_region, self._at_start = buf[i:], True, False
         return True
 
     def _content(self, pieces: list[str]) -> str:
@@ -302,7 +256,7 @@ def calls_from_constrained(text: str) -> list[ToolCall]:
         raise ValueError("constrained tool output is nested too deeply to decode") from None
     if not isinstance(value, list) or any(not isinstance(v, dict) or "parameters" not in v for v in value):
         raise ValueError("constrained tool output is not an array of {name, parameters} objects")
-    calls = _calls_of(value)
+    calls = calls_of(value)
     if calls is None:
         raise ValueError("constrained tool output has a call without a name or strict JSON object parameters")
     return calls
