@@ -78,7 +78,7 @@ BAD = [
     ("/generate", {"text": "hi", "stream": True, "sampling_params": {"regex": "(a)\\1"}}, "Backreference"),
     ("/generate", {"text": "hi", "image_data": "x.png"}, "image_data"),
     ("/generate", {"text": "hi", "bogus": 1}, "bogus"),
-    ("/v1/completions", {"prompt": "hi", "echo": True}, "echo"),
+    ("/v1/completions", {"prompt": "hi", "echo": "yes"}, "echo"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, "max_tokens"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": -2}, "temperature"),

@@ -1,7 +1,7 @@
 """The HTTP front door: the app, its API keys and error handling, and /openapi.json.
 
-create_app puts SGLang's native API (native_api.py) and the OpenAI one
-(openai_api.py) behind one middleware; both are built from http_common.py.
+create_app puts SGLang's native API (native_api.py, lora_api.py, tokenize_api.py) and the
+OpenAI one (openai_api.py) behind one middleware; both are built from http_common.py.
 Every handler reads its body under --max-request-bytes, decodes it into a
 typed struct (radixrt/server/schemas.py), submits through the
 TokenizerManager (tokenizing off the event loop) and awaits its requests on
@@ -32,6 +32,7 @@ from radixrt.server.lora_api import add_lora_routes
 from radixrt.server.native_api import add_native_routes
 from radixrt.server.openai_api import add_openai_routes
 from radixrt.server.schemas import openapi_schemas
+from radixrt.server.tokenize_api import add_tokenize_routes
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     add_native_routes(app, ctx)
     add_openai_routes(app, ctx)
     add_lora_routes(app, ctx)
+    add_tokenize_routes(app, ctx)
     install_openapi(app)
     return app
 
