@@ -11,7 +11,7 @@ from typing import Any
 # The frontend DSL (package radixrt.lang): re-exported here so programs
 # read `import radixrt as rt; rt.gen(...)`.
 LANG_EXPORTS = (
-    "function", "gen", "select", "system", "user", "assistant",
+    "function", "gen", "select", "separate_reasoning", "system", "user", "assistant",
     "RuntimeEndpoint", "Runtime", "set_default_backend", "RuntimeEndpointError",
     "token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized",
 )

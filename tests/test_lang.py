@@ -33,7 +33,7 @@ def test_import_lang_loads_no_runtime():
     code = ("import sys, radixrt; import radixrt.lang; import radixrt as rt; rt.gen, rt.Runtime; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; "
             "assert {m for m in sys.modules if m.startswith('radixrt') and not m.startswith('radixrt.lang')} "
-            "<= {'radixrt', 'radixrt.config'}; print('ok')")
+            "<= {'radixrt', 'radixrt.config', 'radixrt.reasoning'}; print('ok')")  # reasoning: separate_reasoning's
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 L0 = {"radixrt", "radixrt.config", "radixrt.errors", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils",
       "radixrt.retention", "radixrt.stats", "radixrt.config_views", "radixrt.namespace", "radixrt.speculative",
-      "radixrt.quant_settings", "radixrt.scheduling_settings", "radixrt.lora_settings"}
+      "radixrt.quant_settings", "radixrt.scheduling_settings", "radixrt.lora_settings", "radixrt.reasoning"}
 # package -> radixrt packages it may import (besides itself)
 ALLOWED = {
     "radixrt.kernels": set(),
@@ -21,7 +21,7 @@ ALLOWED = {
     "radixrt.constrained": L0,
     "radixrt.scheduler": L0 | {"radixrt.cache", "radixrt.constrained"},
     "radixrt.frontend": L0 | {"radixrt.constrained"},
-    "radixrt.lang": {"radixrt"},
+    "radixrt.lang": {"radixrt", "radixrt.reasoning"},  # reasoning.py: pure Python, the DSL's separate_reasoning
     # the package __init__: lazy exports of the Engine and the DSL (the only runtime file that names lang)
     "radixrt": {"radixrt.engine", "radixrt.config", "radixrt.lang"},
 }

@@ -25,11 +25,11 @@ from .chat_template import ChatTemplate
 from .choices import greedy_token_selection, token_length_normalized, unconditional_likelihood_normalized
 from .errors import ProgramError, RuntimeEndpointError
 from .function import Function, function
-from .primitives import assistant, gen, select, system, user
+from .primitives import assistant, gen, select, separate_reasoning, system, user
 from .state import ProgramState, ProgramStateGroup
 
 __all__ = [
-    "function", "gen", "select", "system", "user", "assistant",
+    "function", "gen", "select", "separate_reasoning", "system", "user", "assistant",
     "RuntimeEndpoint", "Runtime", "set_default_backend",
     "RuntimeEndpointError", "ProgramError", "ProgramState", "ProgramStateGroup", "Function", "ChatTemplate",
     "token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized",

@@ -13,10 +13,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from radixrt.reasoning import ReasoningFormat, get_format, separate
+
 from .backend.base import Backend, GenOutput
 from .chunks import ChunkLog
 from .errors import ProgramError
-from .ir import (CachePrefix, Expr, ExprList, Gen, GenParams, Role, RoleBegin, RoleEnd, Select, Text)
+from .ir import (CachePrefix, Expr, ExprList, Gen, GenParams, Role, RoleBegin, RoleEnd, Select, SeparateReasoning, Text)
 
 
 @dataclass
@@ -48,6 +50,7 @@ class StreamExecutor:
         self.role, self.role_start = start.role, start.role_start
         self.written: list[str] = []  # variables set here (not inherited), in order: what a fork join gathers
         self.prefix_meta: dict[str, Any] | None = None  # meta_info of the last CachePrefix request
+        self.separating: ReasoningFormat | None = None  # inside separate_reasoning: how outputs split
         self.error: BaseException | None = None
         self.chunks = ChunkLog(start.text)
         self.children: list[StreamExecutor] = []
@@ -175,10 +178,10 @@ class StreamExecutor:
         params = expr.params.over(self.defaults).with_stop(self.template.stop_str)
         if self.stream:
             out = self._gen_streamed(expr.name, params)
+            self._set(expr.name, out.text, out.meta)
         else:
             out = self.backend.generate(self.text, params)
-            self._append(expr.name, out.text)
-        self._set(expr.name, out.text, out.meta)
+            self._output(expr.name, out.text, out.meta)
 
     def _gen_streamed(self, name: str | None, params: GenParams) -> GenOutput:
         """Append each new piece as it comes. The server's snapshots are cumulative and only grow
@@ -194,8 +197,25 @@ class StreamExecutor:
     def _select(self, expr: Select) -> None:
         lora_path = expr.lora_path or self.defaults.lora_path
         out = self.backend.select(self.text, expr.choices, expr.method, lora_path=lora_path)
-        self._append(expr.name, out.choice)
-        self._set(expr.name, out.choice, out.meta)
+        self._output(expr.name, out.choice, out.meta)
+
+    def _separate_reasoning(self, expr: SeparateReasoning) -> None:
+        # A stream has shown the text as it came: SGLang leaves it (and the variables) whole there.
+        outer, self.separating = self.separating, None if self.stream else get_format(expr.model_type)
+        try:
+            self._execute(expr.expr)
+        finally:
+            self.separating = outer
+
+    def _output(self, name: str | None, text: str, meta: Any) -> None:
+        """A gen's or select's whole output: appended, and stored in `name` (only its content, and its
+        reasoning beside it, under separate_reasoning)."""
+        if self.separating is not None and name is not None:
+            parts = separate(text, self.separating)
+            text = parts.content
+            self.set_var(f"{name}_reasoning_content", parts.reasoning)
+        self._append(name, text)
+        self._set(name, text, meta)
 
     def _cache_prefix(self, expr: CachePrefix) -> None:
         # With the program's adapter: the server caches per adapter, so that is what the branches will find.
@@ -216,4 +236,5 @@ _HANDLERS: dict[type, Callable[[StreamExecutor, Any], None]] = {
     Gen: StreamExecutor._gen,
     Select: StreamExecutor._select,
     CachePrefix: StreamExecutor._cache_prefix,
+    SeparateReasoning: StreamExecutor._separate_reasoning,
 }

@@ -41,6 +41,7 @@ class GenParams:
 
     max_new_tokens: int | None = None
     stop: tuple[str, ...] | None = None
+    stop_regex: tuple[str, ...] | None = None  # SGLang's: the gen ends where one of these patterns matches
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -61,11 +62,14 @@ class GenParams:
 
     @classmethod
     def build(cls, **values: Any) -> GenParams:
-        stop = values.get("stop")
-        if isinstance(stop, str):
-            values["stop"] = (stop,)
-        elif stop is not None:
-            values["stop"] = tuple(stop)
+        for key in ("stop", "stop_regex"):
+            given = values.get(key)
+            if isinstance(given, str):
+                values[key] = (given,)
+            elif given is not None:
+                values[key] = tuple(given)
+        for pattern in values.get("stop_regex") or ():
+            check_regex(pattern)
         at_most_one(regex=values.get("regex"), json_schema=values.get("json_schema"))
         if values.get("regex") is not None:
             check_regex(values["regex"])
@@ -92,8 +96,9 @@ class GenParams:
     def sampling_params(self) -> dict[str, Any]:
         """The server's `sampling_params` object (unset fields left to the server)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in REQUEST_FIELDS}
-        if out["stop"] is not None:
-            out["stop"] = list(out["stop"])
+        for key in ("stop", "stop_regex"):
+            if out[key] is not None:
+                out[key] = list(out[key])
         return {k: v for k, v in out.items() if v is not None}
 
 
@@ -141,6 +146,15 @@ class Role(Expr):
 @dataclass(frozen=True, eq=False)
 class ExprList(Expr):
     items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class SeparateReasoning(Expr):
+    """`rt.separate_reasoning(expr, model_type)`: each named gen or select in expr keeps only its
+    content (in its variable and the text) and puts its reasoning in `<name>_reasoning_content`."""
+
+    expr: Expr
+    model_type: str  # a radixrt.reasoning format name
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,5 +1,5 @@
 """SGLang's native API: /generate, the health probes, model and server info, the admin
-routes (/flush_cache, /abort_request) and /metrics, built from http_common.py."""
+routes (/flush_cache, /abort_request), /separate_reasoning and /metrics, built from http_common.py."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N, adapters_section
 from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.weights import check_update_options, model_info
 from radixrt.model_source import resolve_update_path
+from radixrt.reasoning import get_format, separate
 from radixrt.server.access import cache_report_scope
 from radixrt.server.health_probe import HealthProbe
 from radixrt.server.http_common import (
     SSE_DONE, ApiError, ServerContext, Submission, body_schema, counted, error_body, error_response, event_stream,
     failure, generate_input, json_response, read_typed, sse
 )
-from radixrt.server.schemas import UPDATE_CALL_FIELDS, AbortBody, UpdateWeightsBody
+from radixrt.server.schemas import UPDATE_CALL_FIELDS, AbortBody, SeparateReasoningBody, UpdateWeightsBody
 
 SECRET_ARGS = ("api_key", "admin_api_key")  # left out of /server_info
 
@@ -31,6 +32,7 @@ def add_native_routes(app: FastAPI, ctx: ServerContext) -> None:
     _add_info(app, ctx)
     _add_admin(app, ctx)
     _add_cache_report(app, ctx)
+    _add_separate_reasoning(app, ctx)
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -52,6 +54,19 @@ def _add_generate(app: FastAPI, ctx: ServerContext) -> None:
         sub.check()
         results = sub.results()
         return json_response(results if gen.is_batch or len(results) > 1 else results[0])
+
+
+def _add_separate_reasoning(app: FastAPI, ctx: ServerContext) -> None:
+    @app.post("/separate_reasoning", openapi_extra=body_schema("SeparateReasoningBody"))
+    async def separate_reasoning(request: Request) -> Response:
+        """SGLang's: a text split by the named parser (forced as its detector defaults, not per chat request)."""
+        body: SeparateReasoningBody = await read_typed(ctx, request, SeparateReasoningBody)
+        try:
+            fmt = get_format(body.reasoning_parser)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="reasoning_parser") from None
+        parts = separate(body.text, fmt)
+        return json_response({"reasoning_text": parts.reasoning, "text": parts.content})
 
 
 def _add_health(app: FastAPI, ctx: ServerContext) -> None:
