@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from radixrt.lora_settings import LoraServing, check_lora_args
 from radixrt.quant_settings import check_quantization_args
+from radixrt.reasoning import REASONING_PARSERS
 from radixrt.retention.policies import wants_mass
 from radixrt.retention.settings import Retention, server_settings
 from radixrt.scheduling_settings import TIMEOUT_ENV, check_scheduling_args, env_timeout, load_api_keys
@@ -23,7 +25,9 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
 CPU_MATMUL_DTYPES = ("auto", "model", "float32")  # radixrt/models/cpu_matmul.py
 CPU_WEIGHT_PACKINGS = ("auto", "onednn", "none")  # radixrt/models/cpu_matmul.py
 PREEMPTION_MODES = ("recompute", "swap", "auto")
-TOOL_CALL_PARSERS = ("hermes", "qwen25", "llama3")  # radixrt/server/tool_calls.py
+TOOL_CALL_PARSERS = (  # radixrt/server/tool_calls.py
+    "hermes", "qwen25", "llama3", "mistral", "pythonic", "deepseekv3", "qwen3_coder", "gpt-oss",
+)
 CHAT_TEMPLATE_NAMES = (  # radixrt/server/chat_templates.py
     "chatml", "qwen", "qwen2-vl", "llama-2", "llama-3-instruct", "llama-4", "mistral", "gemma-it", "vicuna_v1.1",
     "internlm2-chat", "phi-4-mm",
@@ -38,6 +42,17 @@ SAMPLING_DEFAULTS = ("model", "openai")
 # near-tied logits flip, agree 0.95 (int8) and 0.60-0.78 (fp8). int8 weights (w8a8_int8) agree
 # 0.935 in float32 (tests/test_real_model_quant.py holds them to this floor too).
 KV_QUANT_MIN_AGREEMENT = 0.85
+# The whitespace constrained JSON allows between its tokens (xgrammar's max_whitespace_cnt) unless
+# set: SGLang allows any, and a random-weight model then spends its budget on newlines. From
+# bench/json_whitespace.py (tiny llama and qwen2, 3 schemas, 30 seeded runs each, 200 tokens): valid
+# JSON in 43% of runs compact, 48/54/46/48% at bounds 1/2/3/4, 39% at 8 and 20% with any (runs of up
+# to 164 whitespace characters); mean tokens grow with the bound (108 compact, 140 at 4, 177 any).
+# 4 is the largest bound that ends as often as the smallest, and it still lets a model pretty-print:
+# a newline and three spaces (indent 2 one level deep) or three tabs.
+JSON_MAX_WHITESPACE = 4
+# SGLang's --constrained-json-whitespace-pattern, in the one form that maps onto the bound: a class of
+# JSON whitespace (literal, or escaped \n \t \r \s) repeated {0,n} times, or * (any number).
+_JSON_WHITESPACE_PATTERN = re.compile(r"\[(?:\\[ntrs]|[ \n\t\r])+\](?:\{0,(?P<n>\d+)\}|\*)")
 # SGLang's names for our attention backends (radixrt/kernels/registry.py), normalized at construction
 ATTENTION_BACKEND_ALIASES = {"torch_native": "torch"}
 
@@ -209,13 +224,27 @@ class ServerArgs:
         f"({', '.join(CHAT_TEMPLATE_NAMES)})"
     )
     tool_call_parser: str | None = _arg(
-        None, "how /v1/chat/completions finds tool calls in the model's text: hermes, qwen25 or llama3"
+        None, "how /v1/chat/completions finds tool calls in the model's text: hermes, qwen25, llama3, mistral, "
+        "pythonic, deepseekv3, qwen3_coder or gpt-oss"
+    )
+    reasoning_parser: str | None = _arg(
+        None, "how /v1/chat/completions separates the model's reasoning from its answer (message.reasoning_content), "
+        f"by SGLang's format names: {', '.join(REASONING_PARSERS)}"
     )
     disable_jump_forward: bool = _arg(
         False, "sample every token of a constrained output, even where its grammar allows only one continuation"
     )
     constrained_json_disable_any_whitespace: bool = _arg(
         False, "JSON-schema constraints allow no whitespace between tokens (compact JSON) instead of any"
+    )
+    constrained_json_max_whitespace: int = _arg(
+        JSON_MAX_WHITESPACE, "JSON-schema constraints allow at most this many whitespace characters (space, "
+        "newline, tab, carriage return) between JSON tokens: -1 any number (SGLang's default), 0 compact JSON (as "
+        "--constrained-json-disable-any-whitespace)"
+    )
+    constrained_json_whitespace_pattern: str | None = _arg(
+        None, "SGLang's whitespace regex, accepted in the form [chars]{0,n} (or [chars]* for any number): it sets the "
+        "bound n of --constrained-json-max-whitespace; the characters stay JSON's four (xgrammar cannot narrow them)"
     )
     sampling_defaults: str = _arg(
         "model", "where a chat completion's unset temperature, top_p, top_k, min_p and repetition_penalty come from: "
@@ -367,6 +396,8 @@ class ServerArgs:
             object.__setattr__(self, "attention_backend", ATTENTION_BACKEND_ALIASES[self.attention_backend])
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.dtype not in DTYPES:
@@ -395,6 +426,7 @@ class ServerArgs:
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         self._check_http_limits()
+        self._check_json_whitespace()
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
         self._check_scheduling()
@@ -414,6 +446,17 @@ class ServerArgs:
         spec_settings(self)  # ValueError naming the flag
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+
+    def _check_json_whitespace(self) -> None:
+        if self.constrained_json_max_whitespace < -1:
+            raise ValueError("constrained_json_max_whitespace must be -1 (any), 0 (compact) or a bound >= 1, "
+                             f"got {self.constrained_json_max_whitespace}")
+        if self.constrained_json_whitespace_pattern is None:
+            return
+        json_whitespace_bound(self.constrained_json_whitespace_pattern)  # ValueError naming the flag
+        if self.constrained_json_disable_any_whitespace or self.constrained_json_max_whitespace != JSON_MAX_WHITESPACE:
+            raise ValueError("constrained_json_whitespace_pattern sets the same bound as constrained_json_max_whitespace "
+                             "and constrained_json_disable_any_whitespace: give one of them")
 
     def _check_http_limits(self) -> None:
         for name in ("max_request_bytes", "max_n", "max_requests_per_call", "max_connections"):
@@ -542,6 +585,27 @@ class ServerArgs:
         return LoraServing.of(self)
 
     @property
+    def json_max_whitespace(self) -> int | None:
+        """Whitespace characters allowed between the tokens of JSON under a json_schema: None any
+        number, 0 none (compact JSON), n at most n in a row."""
+        if self.constrained_json_disable_any_whitespace:
+            return 0
+        if self.constrained_json_whitespace_pattern is not None:
+            return json_whitespace_bound(self.constrained_json_whitespace_pattern)
+        return None if self.constrained_json_max_whitespace == -1 else self.constrained_json_max_whitespace
+
+    @property
     def prefill_chunk(self) -> int:
         """Prompt tokens one step may prefill (chunking off: effectively unbounded)."""
         return self.chunked_prefill_size if self.chunked_prefill_size != -1 else 1 << 62
+
+
+def json_whitespace_bound(pattern: str) -> int | None:
+    """The bound SGLang's whitespace pattern sets: n for [chars]{0,n}, None (any) for [chars]*.
+    The characters must be JSON whitespace; xgrammar allows all four wherever one is allowed.
+    Raises ValueError naming the flag for any other pattern."""
+    match = _JSON_WHITESPACE_PATTERN.fullmatch(pattern)
+    if match is None:
+        raise ValueError(f"constrained_json_whitespace_pattern must be [chars]{{0,n}} or [chars]* with chars among "
+                         f"space, \\n, \\t, \\r and \\s (xgrammar bounds the count, not the pattern), got {pattern!r}")
+    return None if match["n"] is None else int(match["n"])

@@ -112,7 +112,8 @@ class SchedulerConfig(ConfigView):
     speculative: SpecSettings
     lora: LoraServing | None
     disable_jump_forward: bool
-    constrained_json_disable_any_whitespace: bool
+    json_max_whitespace: int | None
+    reasoning_parser: str | None
     quality_spot_check_rate: float
     quality_spot_check_min_agreement: float
     quality_spot_check_queue: int

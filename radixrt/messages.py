@@ -40,6 +40,8 @@ class TokenizedRequest(msgspec.Struct, tag=True):
     priority: int | None = None  # SGLang's; the scheduler reads it under --enable-priority-scheduling
     tenant: str | None = None  # the tenant its API key names (None: its cache namespace's salt is its tenant)
     lora_name: str | None = None  # the LoRA adapter it runs (its lora_path); None: the base model
+    # SGLang's: with --reasoning-parser, its grammar starts after the reasoning's end marker
+    require_reasoning: bool = False
 
 
 MAX_PIN_TTL_S = 24 * 3600.0  # the longest pin a request may ask for

@@ -17,6 +17,7 @@ naming the field. Each schema lists such fields in one table with their defaults
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, Mapping, Union
 
 import msgspec
@@ -24,6 +25,7 @@ from msgspec import UNSET, UnsetType
 
 from radixrt.errors import RequestError, from_validation
 from radixrt.retention.settings import RetentionIn, parse_override
+from radixrt.utils.stop_regex import nested_repeat
 
 # Below this temperature sampling is greedy (as SGLang does).
 GREEDY_TEMPERATURE = 1e-5
@@ -32,8 +34,7 @@ Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 # SGLang 0.5.9's sampling fields this server cannot honour yet, with SGLang's defaults: a value
 # other than that (or empty) is an error, never a silently unconstrained answer.
-UNSUPPORTED_FIELDS: dict[str, Any] = {"stop_regex": None, "structural_tag": None, "custom_params": None,
-                                      "logit_bias": None}
+UNSUPPORTED_FIELDS: dict[str, Any] = {"structural_tag": None, "custom_params": None}
 # Values that ask for nothing, whatever a field's default: SGLang's clients send these for "unset".
 EMPTY_VALUES: tuple[Any, ...] = (None, False, 0, "", [], {})
 CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")  # a grammar the output must follow; at most one
@@ -44,6 +45,11 @@ CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")  # a grammar the output mus
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024
+# stop_regex patterns: as many as stop strings, each at most this long (Python's re compiles them once
+# per request; each step searches only the text a bounded pattern can span: utils/stop_regex.py).
+MAX_STOP_REGEX_CHARS = 1024
+# logit_bias entries a request may carry (OpenAI's clients send a handful; the sampler adds each one per step)
+MAX_LOGIT_BIAS = 1024
 
 
 class SamplingParamsIn(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -77,7 +83,7 @@ class SamplingParamsIn(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
     structural_tag: str | None = None
     stop_regex: Union[str, list[str], None] = None
     custom_params: dict[str, Any] | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (a decimal string) -> added to its logit
     # radixrt's own: a bounded-KV retention policy for this request (radixrt/retention/settings.py)
     kv_retention: Union[str, RetentionIn, None] = None
 
@@ -105,6 +111,11 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     regex: str | None = None
     json_schema: str | None = None  # a JSON Schema, as a JSON string (SGLang's form)
     ebnf: str | None = None
+    # SGLang's: the output ends where one of these (Python re) patterns matches its text; the text keeps the match
+    stop_regex: list[str] = []
+    # OpenAI's and SGLang's: token id -> a finite number added to its logit before sampling (after
+    # penalties; a grammar's mask and min_new_tokens' bans still win)
+    logit_bias: dict[int, float] = {}
     # the request's retention override as sent, checked field by field; None: the server's settings.
     # The door resolves it (radixrt/retention/rules.py) into TokenizedRequest.retention, which the scheduler reads.
     kv_retention: RetentionIn | None = None
@@ -129,8 +140,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         fields = {k: v for k, v in msgspec.structs.asdict(sp).items()
                   if v is not UNSET and (v is not None or k in ("max_new_tokens", "max_tokens"))
                   and k not in UNSUPPORTED_FIELDS}
-        for key in CONSTRAINT_FIELDS:
-            if fields.get(key) == "":  # an empty constraint asks for nothing, as above
+        for key in (*CONSTRAINT_FIELDS, "stop_regex"):
+            if fields.get(key) == "":  # an empty constraint or pattern asks for nothing, as above
                 del fields[key]
         fields.pop("stream_interval", None)
         for alias, name in (("max_tokens", "max_new_tokens"), ("sampling_seed", "seed")):
@@ -138,8 +149,11 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 value = fields.pop(alias)
                 if fields.get(name) is None:  # max_new_tokens null beside max_tokens 8: the number wins
                     fields[name] = value
-        if isinstance(fields.get("stop"), str):
-            fields["stop"] = [fields["stop"]]
+        for key in ("stop", "stop_regex"):
+            if isinstance(fields.get(key), str):
+                fields[key] = [fields[key]]
+        if "logit_bias" in fields:
+            fields["logit_bias"] = _token_biases(fields["logit_bias"])
         if "kv_retention" in fields:
             fields["kv_retention"] = parse_override(fields["kv_retention"])
         if fields.get("top_k") == 0:
@@ -172,6 +186,12 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require(self.n >= 1, "n", "must be >= 1", self.n)
         self._check_stop_sizes()
         _require(all(s for s in self.stop), "stop", "must not contain empty strings", self.stop)
+        self._check_stop_regex()
+        _require(len(self.logit_bias) <= MAX_LOGIT_BIAS, "logit_bias", f"must have at most {MAX_LOGIT_BIAS} entries",
+                 len(self.logit_bias))
+        for token, bias in self.logit_bias.items():
+            _require(token >= 0, "logit_bias", "keys must be token ids (>= 0)", token)
+            _require(math.isfinite(bias), "logit_bias", f"values must be finite numbers (token {token})", bias)
         given = [k for k in CONSTRAINT_FIELDS if getattr(self, k)]
         if len(given) > 1:
             raise RequestError(f"sampling_params: give at most one of regex, json_schema and ebnf, got {' and '.join(given)}",
@@ -189,13 +209,30 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise RequestError(f"sampling_params.stop_token_ids has {len(self.stop_token_ids)} ids; at most "
                                f"{MAX_STOP_TOKEN_IDS} are allowed", "stop_token_ids")
 
+    def _check_stop_regex(self) -> None:
+        _require(len(self.stop_regex) <= MAX_STOP_STRINGS, "stop_regex", f"must have at most {MAX_STOP_STRINGS} patterns",
+                 len(self.stop_regex))
+        for pattern in self.stop_regex:
+            _require(0 < len(pattern) <= MAX_STOP_REGEX_CHARS, "stop_regex",
+                     f"patterns must have 1 to {MAX_STOP_REGEX_CHARS} characters", pattern[:80])
+            try:
+                re.compile(pattern)
+                nested = nested_repeat(pattern)
+            except (re.error, RecursionError, OverflowError) as e:
+                raise RequestError(f"sampling_params.stop_regex {pattern[:80]!r} is not a valid regex: {e}",
+                                   "stop_regex") from None
+            if nested:
+                raise RequestError(f"sampling_params.stop_regex {pattern[:80]!r} repeats a variable repeat without "
+                                   "bound, which can take exponential time to search: rewrite it without nesting",
+                                   "stop_regex")
+
     @property
     def plain_greedy(self) -> bool:
         """Greedy with nothing that moves the choice off the raw logits' argmax (penalties, a
         grammar, a minimum length that masks EOS): the emitted token is the model's top token."""
         return ((self.temperature < GREEDY_TEMPERATURE or self.top_k == 1) and self.repetition_penalty == 1
                 and self.frequency_penalty == 0 and self.presence_penalty == 0 and self.min_new_tokens == 0
-                and self.constraint is None)
+                and self.constraint is None and not self.logit_bias)
 
     @property
     def constraint(self) -> tuple[str, str] | None:
@@ -231,6 +268,17 @@ def refuse_unsupported(obj: Any, table: Mapping[str, Any], prefix: str = "") -> 
         if not is_default(value, default):
             raise RequestError(f"{prefix}{name} is not supported by this server (send {default!r} or leave it out), "
                                f"got {value!r}"[:300], name)
+
+
+def _token_biases(biases: dict[str, float]) -> dict[int, float]:
+    """logit_bias as sent (token id strings, as JSON objects have them) -> by token id."""
+    out = {}
+    for key, bias in biases.items():
+        key = key.strip()
+        if not (key.isascii() and key.lstrip("-").isdigit()):
+            raise RequestError(f"sampling_params.logit_bias keys must be token ids, got {key!r}"[:200], "logit_bias")
+        out[int(key)] = float(bias)
+    return out
 
 
 def _require(ok: bool, field: str, rule: str, value: Any) -> None:

@@ -177,3 +177,27 @@ def _steps(url: str, schema: str) -> dict:
         "json_schema": schema, "max_new_tokens": 160, "temperature": 0}}, timeout=60).json()
     return {"text": r["text"], "finish": r["meta_info"]["finish_reason"]["type"],
             "steps": server_info(url)["forward_steps"] - before, "tokens": r["meta_info"]["completion_tokens"]}
+
+
+# Enums and a short string: under the whitespace bound its longest output fits in 200 tokens.
+BOUNDED = _obj({"city": {"enum": ["Paris", "Lima", "Oslo"]}, "mood": {"enum": ["calm", "busy"]},
+                "code": {"type": "string", "maxLength": 4}, "ok": {"type": "boolean"}})
+
+
+def test_bounded_whitespace_ends_every_seeded_run_in_json(model_paths):
+    """The default whitespace bound (no whitespace flag): 30 seeded runs of the tiny qwen2 at
+    temperature 1, in one batch, all end in valid JSON within 200 tokens (the longest took 102),
+    no whitespace between JSON tokens running past the bound. With any whitespace allowed, 23 of
+    the 30 pad with newlines until the budget ends."""
+    import radixrt
+    from radixrt.config import JSON_MAX_WHITESPACE
+
+    params = [{"temperature": 1, "seed": s, "max_new_tokens": 200, "json_schema": json.dumps(BOUNDED)} for s in range(30)]
+    with radixrt.Engine(model_path=str(model_paths["qwen2"]), page_size=16, max_total_tokens=30 * 256 + 1024) as e:
+        outs = e.generate(["Reply in JSON."] * 30, params)
+    for o in outs:
+        assert o["meta_info"]["finish_reason"]["type"] == "stop", o
+        # strict=False: xgrammar lets a maxLength string hold raw control characters
+        jsonschema.validate(json.loads(o["text"], strict=False), BOUNDED)
+        between = re.sub(r'"(?:[^"\\]|\\.)*"', '""', o["text"])  # whitespace inside strings is content
+        assert max(map(len, re.findall(r"\s+", between)), default=0) <= JSON_MAX_WHITESPACE, o["text"]

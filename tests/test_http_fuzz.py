@@ -71,7 +71,8 @@ openai_common = {
     "max_tokens": field(small), "temperature": field(st.floats(0, 3)), "n": field(st.integers(0, 6)),
     "stream": field(st.booleans()), "stop": field(st.one_of(odd_text(), st.lists(odd_text(), max_size=2))),
     "seed": field(big_ints()), "stream_options": field(st.fixed_dictionaries({"include_usage": st.booleans()})),
-    "logit_bias": field(st.none()), "user": field(odd_text()),
+    "logit_bias": field(st.dictionaries(st.integers(-1, 2000).map(str), st.floats(-100, 100), max_size=3)),
+    "stop_regex": field(st.one_of(odd_text(), st.lists(odd_text(), max_size=2))), "user": field(odd_text()),
 }
 completion_body = st.fixed_dictionaries(
     {"prompt": field(st.one_of(odd_text(), st.lists(odd_text(), max_size=2), ids))},

@@ -68,7 +68,9 @@ BAD = [
     ("/generate", {"text": "hi", "sampling_params": {"stop_token_ids": [5000]}}, "stop_token_ids"),
     ("/v1/completions", {"prompt": "hi", "best_of": "x"}, "best_of"),
     ("/v1/completions", {"prompt": "hi", "best_of": 2}, "best_of"),
-    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 1.0}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5000": 1.0}}, "vocabulary"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"five": 1.0}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "stop_regex": "(unclosed"}, "stop_regex"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "text"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": 5}, "response_format"),
     ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": CONTEXT}}, "context length"),
@@ -78,6 +80,12 @@ BAD = [
     ("/generate", {"text": "hi", "sampling_params": {"temperature": float("inf")}}, "malformed JSON"),  # Infinity
     ("/generate", '{"text": "hi", "sampling_params": {"temperature": 1e999}}', "temperature"),
     ("/abort_request", {"rid": 5}, "rid"),
+    ("/v1/completions", {"prompt": "hi", "echo": 1}, "echo"),
+    ("/tokenize", '{"prompt": "a\\ud800b"}', "surrogate"),
+    ("/tokenize", {"prompt": ["a", "x" * 1_000_000]}, "characters"),  # cannot fit: refused before tokenizing
+    ("/v1/tokenize", {"prompt": "hi", "add_special_tokens": "yes"}, "add_special_tokens"),
+    ("/detokenize", {"tokens": [5000]}, "vocabulary"),
+    ("/v1/detokenize", {"tokens": [[1], 2]}, "tokens"),
 ]
 
 
@@ -210,7 +218,7 @@ def test_streamed_logprobs_and_error_params(server):
     content = [x for c in chunks if c["choices"] and c["choices"][0].get("logprobs")
                for x in c["choices"][0]["logprobs"]["content"]]
     assert len(content) == 4 and all(len(x["top_logprobs"]) == 2 for x in content)
-    for field, value in (("best_of", 3), ("logit_bias", {"1": 2.0})):
+    for field, value in (("best_of", 3), ("logit_bias", {"one": 2.0})):
         err = post(server, "/v1/completions", {"prompt": "x", field: value}).json()["error"]
         assert err["param"] == field, err
 

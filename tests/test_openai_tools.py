@@ -136,3 +136,16 @@ def test_chat_template_override_and_parser_names_are_checked_at_start(tmp_path, 
         ServerArgs(model_path=str(llama_path), chat_template=str(tmp_path / "missing.jinja"))
     with pytest.raises(ValueError, match="tool_call_parser"):
         ServerArgs(model_path=str(llama_path), tool_call_parser="mystery")
+
+
+def test_with_tools_the_answer_keeps_special_tokens(client, llama_path):
+    """SGLang's rule: tools offered (tool_choice not "none") turn skip_special_tokens off, since
+    some formats' call markers are special tokens; without tools they are skipped as usual."""
+    from support.helpers import tokenizer
+
+    special = tokenizer(llama_path).convert_tokens_to_ids("<|im_start|>")
+    forced = {"logit_bias": {str(special): 100}, "ignore_eos": True}
+    kw = {"messages": MESSAGES, "max_tokens": 2, "temperature": 0, "extra_body": forced}
+    assert client.chat.completions.create(tools=TOOLS, **kw).choices[0].message.content == "<|im_start|>" * 2
+    assert client.chat.completions.create(tools=TOOLS, tool_choice="none", **kw).choices[0].message.content == ""
+    assert client.chat.completions.create(**kw).choices[0].message.content == ""

@@ -29,7 +29,7 @@ def test_none_and_missing_fields_take_defaults():
         ({"bogus_field": 1}, "bogus_field"),
         ({"regex": "[a-z]+", "json_schema": "{}"}, "regex and json_schema"),  # at most one constraint
         ({"json_schema": "{}", "ebnf": "root ::= [a]"}, "json_schema and ebnf"),
-        ({"stop_regex": "[a-z]+"}, "stop_regex"),
+        ({"stop_regex": "[a-z"}, "stop_regex"),  # not a regex
         ({"min_new_tokens": 9, "max_new_tokens": 2}, "min_new_tokens"),
     ],
 )

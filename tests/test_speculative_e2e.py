@@ -1,6 +1,7 @@
 """Speculative decoding through a real server: STANDALONE at tensor parallel 2 (the draft model
 sharded like the target, verification on both ranks), and NGRAM draft trees there (the kept
-branches' KV moved on both ranks), give the greedy tokens of plain decoding,
+branches' KV moved on both ranks), give the greedy tokens of plain decoding (with logit_bias and
+stop_regex too),
 meta_info carries SGLang's spec_* fields, /metrics SGLang's spec gauges, get_server_info the
 figures, and no page leaks; flags that cannot apply refuse to start, by name."""
 
@@ -21,11 +22,14 @@ WORLD = ROOT / "assets" / "world-llama"
 TEXTS = ["Where does Mara Quill live?", "R1: A=12.5 B=80.3 C=44.1\nR2: A=9.6 B=31.0 C=77.7\nR1:",
          "The capital of Estmoor is", "Table:\nR1: A=1.1 B=2.2\nR2: A=1.1 B=2.2\nR3:"]
 GREEDY = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+# logit_bias and stop_regex are exact under speculation (the worker biases each draft position's
+# logits as plain decoding would; the scheduler takes accepted tokens one by one through the stop checks)
+BIASED = {**GREEDY, "logit_bias": {"5": 2.0, "40": -3.0}, "stop_regex": [r"C=\d+\.\d"]}
 COMMON = ("--page-size", "16", "--max-total-tokens", "4096", "--dtype", "float32", "--tp-size", "2")
 
 
-def generate(url: str, prompts: list[list[int]]) -> list[dict]:
-    r = requests.post(url + "/generate", json={"input_ids": prompts, "sampling_params": GREEDY}, timeout=120)
+def generate(url: str, prompts: list[list[int]], params: dict = GREEDY) -> list[dict]:
+    r = requests.post(url + "/generate", json={"input_ids": prompts, "sampling_params": params}, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -36,6 +40,8 @@ def test_standalone_at_tp2_matches_plain_decoding_and_reports_its_figures(tmp_pa
     prompts = [tok(t)["input_ids"] for t in TEXTS]
     with running_server(WORLD, *COMMON) as (url, _):
         want = [r["output_ids"] for r in generate(url, prompts)]
+        biased = [(r["output_ids"], r["meta_info"]["finish_reason"]) for r in generate(url, prompts, BIASED)]
+    assert any(reason.get("matched") == BIASED["stop_regex"][0] for _, reason in biased), biased
     spec = ("--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft),
             "--speculative-num-steps", "2", "--speculative-draft-policy", "max")
     with running_server(WORLD, *COMMON, *spec) as (url, _):
@@ -47,6 +53,9 @@ def test_standalone_at_tp2_matches_plain_decoding_and_reports_its_figures(tmp_pa
             assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
             assert 0 <= meta["spec_accept_rate"] <= 1
         assert sum(r["meta_info"]["spec_accept_token_num"] for r in got) > 0
+        got_biased = generate(url, prompts, BIASED)
+        assert [(r["output_ids"], r["meta_info"]["finish_reason"]) for r in got_biased] == biased
+        assert all(r["meta_info"]["spec_verify_ct"] >= 1 for r in got_biased)  # speculated, not run plainly
         metrics = requests.get(url + "/metrics", timeout=10).text
         assert "sglang:spec_accept_length{" in metrics and "sglang:spec_accept_rate{" in metrics
         info = server_info(url)
@@ -57,6 +66,7 @@ def test_standalone_at_tp2_matches_plain_decoding_and_reports_its_figures(tmp_pa
              "--speculative-ngram-max-bfs-breadth", "3", "--speculative-draft-policy", "max")
     with running_server(WORLD, *COMMON, *trees) as (url, _):
         assert [r["output_ids"] for r in generate(url, prompts + prompts)] == want + want
+        assert [(r["output_ids"], r["meta_info"]["finish_reason"]) for r in generate(url, prompts, BIASED)] == biased
         info = server_info(url)
         assert info["spec_tree_steps"] > 0 and info["spec_accepted_tokens"] > 0, info
         assert_healthy_and_idle(url)

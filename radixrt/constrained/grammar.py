@@ -26,9 +26,14 @@ class GrammarCompiler:
     """Compiles a (kind, text) grammar against one tokenizer and vocabulary; thread-safe.
 
     vocab_size is the model's (its logits' width): ids past the tokenizer's own (padding)
-    are never allowed. stop_ids end a completed grammar (the model's eos ids)."""
+    are never allowed. stop_ids end a completed grammar (the model's eos ids). max_whitespace
+    bounds the whitespace between a json_schema's JSON tokens (ServerArgs.json_max_whitespace):
+    None any, 0 compact JSON (any_whitespace=False says the same), n at most n characters in a
+    row. Regex and EBNF grammars are compiled as written. Each compiler has one setting, so its
+    cache's (kind, text) keys stay exact."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int], any_whitespace: bool = True) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int], any_whitespace: bool = True,
+                 max_whitespace: int | None = None) -> None:
         import xgrammar as xgr
 
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_ids))
@@ -39,7 +44,7 @@ class GrammarCompiler:
         self._forced = ForcedBytes(info.decoded_vocab, vocab_size, stop_ids)
         self._xgr = xgr
         self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
-        self.any_whitespace = any_whitespace
+        self.max_whitespace = max_whitespace if any_whitespace else 0
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -65,12 +70,17 @@ class GrammarCompiler:
             if kind == "regex":
                 return self._compiler.compile_regex(text)
             if kind == "json_schema":
-                return self._compiler.compile_json_schema(text, any_whitespace=self.any_whitespace)
+                return self._compile_json(text)
             if kind == "ebnf":
                 return self._compiler.compile_grammar(text)
         except (RuntimeError, ValueError) as e:
             raise RequestError(f"sampling_params.{kind} is not a valid grammar: {_reason(e)}", kind) from None
         raise ValueError(f"unknown grammar kind {kind!r}")
+
+    def _compile_json(self, text: str) -> Any:
+        if self.max_whitespace == 0:  # xgrammar's compact form: no free whitespace, ", " and ": " between items
+            return self._compiler.compile_json_schema(text, any_whitespace=False)
+        return self._compiler.compile_json_schema(text, any_whitespace=True, max_whitespace_cnt=self.max_whitespace)
 
     def matcher(self, compiled: Any) -> Matcher:
         return Matcher(self._xgr, compiled, self._real_words, self._stop_words, self._forced)

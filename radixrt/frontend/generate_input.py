@@ -78,7 +78,8 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     bootstrap_room: Any = None
     bootstrap_pair_key: Any = None
     decode_tp_size: Any = None
-    require_reasoning: Any = False
+    # SGLang's: with --reasoning-parser, a grammar holds only what follows the reasoning's end marker
+    require_reasoning: bool = False
     data_parallel_rank: Any = None
     background: Any = False
     return_bytes: Any = False
@@ -108,7 +109,7 @@ UNSUPPORTED_FIELDS: dict[str, Any] = {
     "return_hidden_states": False, "return_routed_experts": False, "routed_experts_start_len": 0,
     "modalities": None, "session_params": None, "custom_logit_processor": None,
     "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None, "bootstrap_pair_key": None,
-    "decode_tp_size": None, "require_reasoning": False, "data_parallel_rank": None, "background": False,
+    "decode_tp_size": None, "data_parallel_rank": None, "background": False,
     "return_bytes": False, "return_entropy": False, "need_wait_for_image": None, "num_items_assigned": None,
     "max_dynamic_patch": None, "min_dynamic_patch": None, "image_max_dynamic_patch": None,
     "video_max_dynamic_patch": None, "http_worker_ipc": None,
@@ -145,6 +146,7 @@ class GenerateItem:
     priority: int | None = None  # SGLang's: its rank under --enable-priority-scheduling (None: the least)
     tenant: str | None = None  # the tenant its API key names (--api-keys-file; None: its cache_salt's)
     lora_name: str | None = None  # its LoRA adapter (SGLang's lora_path: the adapter's name); None: the base model
+    require_reasoning: bool = False  # with --reasoning-parser: its grammar starts after the reasoning
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,7 @@ class GenerateInput:
                     return_text_in_logprobs=req.return_text_in_logprobs, namespace=namespaces[i],
                     max_tokens_given=_max_tokens_given(raw_params[i]), log_metrics=req.log_metrics,
                     pin_ttl=pins[i], priority=priorities[i], lora_name=loras[i],
+                    require_reasoning=req.require_reasoning,
                 ))
         return cls(items, is_batch)
 

@@ -44,7 +44,8 @@ class PreparedReq:
         it = self.item
         return TokenizedRequest(rid, self.ids, it.sampling, it.return_logprob, self.logprob_start,
                                 it.top_logprobs_num, it.namespace, retention=self.retention, pin_ttl=it.pin_ttl,
-                                priority=it.priority, tenant=it.tenant, lora_name=it.lora_name)
+                                priority=it.priority, tenant=it.tenant, lora_name=it.lora_name,
+                                require_reasoning=it.require_reasoning)
 
 
 class Intake:
@@ -127,11 +128,16 @@ class Intake:
         if bad:
             raise RequestError(f"stop_token_ids contains {bad[0]}, outside the vocabulary of {self.vocab_size}",
                                "stop_token_ids")
+        bad = [t for t in item.sampling.logit_bias if t >= self.vocab_size]
+        if bad:  # SGLang's check, against the model's vocabulary (its logits' width)
+            raise RequestError(f"logit_bias has token {bad[0]}, outside the vocabulary of {self.vocab_size}", "logit_bias")
         if item.top_logprobs_num > self.vocab_size:
             raise RequestError(f"top_logprobs_num must be <= the vocabulary size {self.vocab_size}, "
                                f"got {item.top_logprobs_num}", "top_logprobs_num")
         for s in item.sampling.stop:
             _check_unicode(s, "stop")
+        for s in item.sampling.stop_regex:
+            _check_unicode(s, "stop_regex")
         if item.sampling.constraint is not None:
             self._grammar_compiler().compile(*item.sampling.constraint)  # a bad grammar is a 400 here
         ns = item.namespace
@@ -143,7 +149,7 @@ class Intake:
         with self._grammar_lock:
             if self._grammars is None:
                 self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self._eos_ids,
-                                                 not self.args.constrained_json_disable_any_whitespace)
+                                                 max_whitespace=self.args.json_max_whitespace)
             return self._grammars
 
 

@@ -1,7 +1,8 @@
 """GrammarWaitlist: requests whose output grammar is compiling, off the scheduler's loop.
 
 A constrained request waits here (not in the waiting queue) until a small thread pool has
-compiled its grammar (cached by kind and text) and made its matcher; then it joins the
+compiled its grammar (cached by kind and text) and made its matcher (behind a ReasoningGate
+when it requires reasoning and the server has a reasoning parser); then it joins the
 waiting queue like any other. The matcher is request state from then on: it stays with
 the request through retraction, swap-out and re-admission, since the output so far stays.
 """
@@ -13,8 +14,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from radixrt.constrained.grammar import GrammarCompiler, Matcher
+from radixrt.constrained.reasoning_gate import ReasoningGate
 from radixrt.errors import RequestError
 from radixrt.messages import FinishReason
+from radixrt.reasoning import get_format
 from radixrt.scheduler.bad_input import bad_request, internal_error
 from radixrt.scheduler.req import Req
 
@@ -23,11 +26,15 @@ COMPILE_THREADS = 2
 
 
 class GrammarWaitlist:
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int], any_whitespace: bool) -> None:
-        self._make = lambda: GrammarCompiler(tokenizer, vocab_size, stop_ids, any_whitespace)
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int], max_whitespace: int | None,
+                 reasoning_end: tuple[int, ...] = ()) -> None:
+        """reasoning_end: the --reasoning-parser's end marker as token ids (empty: no parser), where
+        the grammar of a request that requires reasoning starts (constrained/reasoning_gate.py)."""
+        self._make = lambda: GrammarCompiler(tokenizer, vocab_size, stop_ids, max_whitespace=max_whitespace)
+        self.reasoning_end = reasoning_end
         self._compiler: GrammarCompiler | None = None  # made (and xgrammar loaded) on first use
         self._pool: ThreadPoolExecutor | None = None
-        self.pending: list[tuple[Req, Future[Matcher]]] = []
+        self.pending: list[tuple[Req, Future[Matcher | ReasoningGate]]] = []
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -39,7 +46,13 @@ class GrammarWaitlist:
             self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="radixrt-grammar")
         compiler = self._compiler
         kind, text = r.sampling.constraint
-        self.pending.append((r, self._pool.submit(lambda: compiler.matcher(compiler.compile(kind, text)))))
+        end = self.reasoning_end if r.require_reasoning else ()
+
+        def make() -> Matcher | ReasoningGate:
+            matcher = compiler.matcher(compiler.compile(kind, text))
+            return ReasoningGate(matcher, end) if end else matcher
+
+        self.pending.append((r, self._pool.submit(make)))
 
     @property
     def requests(self) -> list[Req]:
@@ -68,3 +81,10 @@ class GrammarWaitlist:
                 r.grammar = matcher
                 ready.append(r)
         return ready, ended
+
+
+def reasoning_end_ids(tokenizer: Any, parser: str | None) -> tuple[int, ...]:
+    """The --reasoning-parser's end marker as the tokenizer encodes it (empty without a parser)."""
+    if parser is None:
+        return ()
+    return tuple(tokenizer.encode(get_format(parser).think_end, add_special_tokens=False))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixrt.constrained.grammar import Matcher
+from radixrt.constrained.reasoning_gate import ReasoningGate
 from radixrt.messages import CachedTokensDetail, FinishReason, TokenizedRequest, TopLogprobs
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace, RopeMode
 from radixrt.retention.policies import RetentionBudget
@@ -39,7 +40,8 @@ class Req:
     pin_ttl: float | None = None  # seconds its prompt's full pages stay cached (None: no pin)
     output_ids: list[int] = field(default_factory=list)
     kv: KVHandle = field(default_factory=KVHandle)  # its pages (KVMemory writes, everyone else reads)
-    grammar: Matcher | None = None  # a constrained request's position in its grammar
+    grammar: Matcher | ReasoningGate | None = None  # a constrained request's position in its grammar
+    require_reasoning: bool = False  # its grammar starts after the reasoning (with --reasoning-parser)
     stops: StopState | None = None  # its stop check's progress (scheduler/stop.py makes it at the first check)
     recompute_len: int = 0  # tokens of KV it had when retracted to recompute
     cached_tokens: int = -1  # prompt tokens reused from the prefix cache at first admission (-1: not yet)
@@ -64,7 +66,7 @@ class Req:
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:
         return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.namespace,
-                   pin_ttl=m.pin_ttl)
+                   pin_ttl=m.pin_ttl, require_reasoning=m.require_reasoning)
 
     @property
     def prompt_len(self) -> int:

@@ -52,7 +52,7 @@ from radixrt.retention.rules import RetentionRules
 from radixrt.scheduler.budget import AdmissionBudget
 from radixrt.scheduler.cache_hits import cached_details
 from radixrt.scheduler.figures import SchedulerFigures
-from radixrt.scheduler.grammars import GrammarWaitlist
+from radixrt.scheduler.grammars import GrammarWaitlist, reasoning_end_ids
 from radixrt.scheduler.intake import Intake
 from radixrt.scheduler.kv_memory import KVMemory
 from radixrt.scheduler.kv_tiers import KVTiers
@@ -110,8 +110,8 @@ class Scheduler:
         self.policy = SCHEDULE_POLICIES[args.schedule_policy]
         self.budget = AdmissionBudget(worker.page_size)
         self.waiting: list[Req] = []
-        self.grammars = GrammarWaitlist(tokenizer, worker.vocab_size, worker.eos_ids,
-                                        not args.constrained_json_disable_any_whitespace)
+        self.grammars = GrammarWaitlist(tokenizer, worker.vocab_size, worker.eos_ids, args.json_max_whitespace,
+                                        reasoning_end_ids(tokenizer, args.reasoning_parser))
         self.running: list[Req] = []
         self.free_slots = list(range(args.max_running_requests - 1, -1, -1))
         self.freed_slots: list[int] = []  # to tell the worker with the next batch

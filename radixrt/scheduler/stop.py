@@ -1,4 +1,4 @@
-"""Finish checks after each sampled token: stop ids, stop strings, length, context.
+"""Finish checks after each sampled token: stop ids, stop strings, stop_regex, length, context.
 
 A step's check costs O(new tokens): stop ids are a set, and stop strings are
 found by an automaton fed only the text the new tokens add (Req.stops keeps
@@ -13,6 +13,7 @@ from radixrt.messages import FinishReason
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.stop_state import StopState
 from radixrt.utils.incremental_text import IncrementalDecoder
+from radixrt.utils.stop_regex import StopRegexScan
 from radixrt.utils.stop_strings import StopScan, StopStringsCache
 
 
@@ -46,7 +47,10 @@ class StopChecker:
     def _start(self, r: Req) -> StopState:
         sp = r.sampling
         r.stops = StopState(frozenset(sp.stop_token_ids))
-        if sp.stop:
+        if sp.stop or sp.stop_regex:
             r.stops.text = IncrementalDecoder(self.tokenizer, sp)
+        if sp.stop:
             r.stops.scan = StopScan(self._automata.get(sp.stop))
+        if sp.stop_regex:
+            r.stops.regex = StopRegexScan(sp.stop_regex)
         return r.stops

@@ -30,10 +30,13 @@ from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.sampling_defaults import with_defaults
 from radixrt.lora_settings import split_model_name
+from radixrt.reasoning import thinks
 from radixrt.sampling_params import SamplingParamsIn, refuse_unsupported
 from radixrt.server.chat_templates import named_template
+from radixrt.server.completion_echo import EchoView
 from radixrt.server.http_common import ApiError, ServerContext, body_schema, json_response, read_typed
 from radixrt.server.nesting import check_template_depths
+from radixrt.server.reasoning_chat import reasoning_view
 from radixrt.server.schemas import (
     CHAT_UNSUPPORTED, COMPLETION_UNSUPPORTED, RESPONSE_FORMAT_TYPES, ChatCompletionRequest, CompletionRequest,
     OpenAISampling
@@ -45,7 +48,7 @@ RENAMED = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tok
 SAMPLING_FIELDS = (
     "max_tokens", "temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "seed", "top_k",
     "min_p", "min_tokens", "repetition_penalty", "stop_token_ids", "ignore_eos", "no_stop_trim", "skip_special_tokens",
-    "regex", "json_schema", "ebnf",
+    "regex", "json_schema", "ebnf", "logit_bias", "stop_regex",
 )
 COMPLETION_MAX_TOKENS = 16  # OpenAI's (and SGLang's) default for /v1/completions; chat has none
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # SGLang's, in any case
@@ -71,9 +74,12 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         refuse_unsupported(body, COMPLETION_UNSUPPORTED)
         text, ids = _split_prompt(body.prompt)
         sampling = _sampling(body, {"max_new_tokens": body.max_tokens if body.max_tokens is not None else COMPLETION_MAX_TOKENS})
-        req = native_request(body, text=text, input_ids=ids, sampling_params=sampling,
-                             return_logprob=body.logprobs is not None, top_logprobs_num=body.logprobs or 0)
-        return await respond(ctx, request, body, req, completion_choice, body.logprobs is not None)
+        logprobs = body.logprobs is not None
+        req = native_request(body, text=text, input_ids=ids, sampling_params=sampling, return_logprob=logprobs,
+                             top_logprobs_num=body.logprobs or 0,
+                             logprob_start_len=0 if body.echo and logprobs else None)  # echo: the prompt's too
+        view = EchoView(body.prompt, body.n, body.logprobs) if body.echo else completion_choice
+        return await respond(ctx, request, body, req, view, logprobs)
 
     @app.post("/v1/chat/completions", openapi_extra=body_schema("ChatCompletionRequest"))
     async def chat(request: Request) -> Response:
@@ -95,13 +101,19 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
                 raise ApiError(400, "tool_choice required or a named function constrains the output; "
                                "it cannot take a response_format too", param="tool_choice")
             overrides["json_schema"] = tools.schema
+        if _keeps_special_tokens(ctx, body):
+            overrides["skip_special_tokens"] = False
         named = named_template(ctx.args.chat_template)
         if named is not None and not body.ignore_eos:  # SGLang adds a named template's stop strings
             overrides["stop"] = named.stops_with(body.stop)
         sampling = with_defaults(_sampling(body, overrides), ctx.manager.sampling_defaults)  # generation_config.json's
+        # SGLang's: a reasoning request's grammar (response_format, tool_choice) holds what follows the reasoning
+        thinking = ctx.args.reasoning_parser is not None and thinks(ctx.args.reasoning_parser, body.chat_template_kwargs)
         req = native_request(body, input_ids=ids, sampling_params=sampling, return_logprob=body.logprobs,
-                             top_logprobs_num=body.top_logprobs or 0)
+                             top_logprobs_num=body.top_logprobs or 0, require_reasoning=thinking)
         view = ToolChatView(tools) if tools.parses else chat_choice
+        # --reasoning-parser: the reasoning comes apart first; the tools are looked for in the content
+        view = reasoning_view(ctx.args.reasoning_parser, body, view, _template_source(ctx))
         return await respond(ctx, request, body, req, view, body.logprobs)
 
 
@@ -122,6 +134,15 @@ def _sampling(body: OpenAISampling, overrides: dict[str, Any]) -> SamplingParams
         fields["json_schema"] = schema
     fields.update(overrides)
     return SamplingParamsIn(**{k: v for k, v in fields.items() if v is not None or k == "max_new_tokens"})
+
+
+def _keeps_special_tokens(ctx: ServerContext, body: ChatCompletionRequest) -> bool:
+    """SGLang's rule: with tools offered (and tool_choice not "none") the answer keeps special tokens,
+    which some formats' call markers are ([TOOL_CALLS], <｜tool▁calls▁begin｜>); so does a harmony
+    (gpt-oss) answer, whose channels are special tokens."""
+    if body.tools and body.tool_choice != "none":
+        return True
+    return "gpt-oss" in (ctx.args.reasoning_parser, ctx.args.tool_call_parser)
 
 
 def _response_format_schema(body: OpenAISampling) -> str | None:
@@ -232,6 +253,14 @@ def _final_assistant(messages: list[dict[str, Any]], continue_final: bool) -> tu
     if continue_final:
         return messages[:-1], messages[-1]["content"]
     return messages[:-1] + [{"role": "user", "content": messages[-1]["content"]}], None
+
+
+def _template_source(ctx: ServerContext) -> str | None:
+    """The Jinja chat template in use (--chat-template's file, else the tokenizer's); None for a named one."""
+    if ctx.args.chat_template:
+        return None if named_template(ctx.args.chat_template) is not None else _template_file(ctx.args.chat_template)
+    source = getattr(ctx.manager.tokenizer, "chat_template", None)
+    return source if isinstance(source, str) else None
 
 
 @functools.lru_cache(maxsize=2)

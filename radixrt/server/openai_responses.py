@@ -24,6 +24,7 @@ from radixrt.server.http_common import (
     SSE_DONE, ApiError, ServerContext, Submission, counted, error_body, event_stream, failure, generate_input,
     json_response, sse
 )
+from radixrt.server.reasoning_chat import ReasoningChatView
 from radixrt.server.schemas import ChatCompletionRequest, OpenAISampling
 from radixrt.server.tool_calls import (
     TOOL_CALL_PARSERS, StreamingToolParser, ToolCall, calls_from_constrained, tool_choice_schema
@@ -87,13 +88,13 @@ class ToolChatView:
                 return "", calls_from_constrained(text)
             except ValueError:  # cut short by max_tokens: not a whole call array
                 return text, []
-        return TOOL_CALL_PARSERS[self.mode.parser].parse(text)
+        return TOOL_CALL_PARSERS[self.mode.parser].parse(text, self.mode.rendered)
 
     def _feed(self, index: int, delta: str, done: bool) -> tuple[str, list[ToolCall]]:
         if self.mode.schema is not None:  # the array is parsed whole, at the end
             buffered = self._buffers[index] = self._buffers.get(index, "") + delta
             return self._parse(buffered) if done else ("", [])
-        parser = self._parsers.setdefault(index, StreamingToolParser(self.mode.parser))
+        parser = self._parsers.setdefault(index, StreamingToolParser(self.mode.parser, self.mode.rendered))
         content, calls = parser.feed(delta)
         if done:
             rest, more = parser.finish()
@@ -108,17 +109,25 @@ def _finish_reason(state: ReqState) -> str | None:
     return {"stop": "stop", "length": "length"}.get(f.type, "abort")
 
 
-def _usage(states: list[ReqState]) -> dict[str, Any]:
+def _usage(states: list[ReqState], reasoning: Callable[[ReqState], int] | None = None) -> dict[str, Any]:
+    """reasoning: a state's reasoning tokens (ReasoningChatView.reasoning_tokens); None: none."""
     # Parallel samples share one prompt (one token list): count it once, as OpenAI does.
     prompts = {id(s.prompt_ids): s for s in states}
     prompt = sum(len(s.prompt_ids) for s in prompts.values())
     completion = sum(len(s.output_ids) for s in states)
-    return _usage_of(prompt, completion, sum(s.cached_tokens for s in prompts.values()))
+    thought = sum(reasoning(s) for s in states) if reasoning is not None else 0
+    return _usage_of(prompt, completion, sum(s.cached_tokens for s in prompts.values()), thought)
 
 
-def _usage_of(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+def _usage_of(prompt: int, completion: int, cached: int, reasoning: int = 0) -> dict[str, Any]:
+    # reasoning_tokens: SGLang's field (always there, 0 without a reasoning parser); the details: OpenAI's
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached}, "reasoning_tokens": reasoning,
+            "completion_tokens_details": {"reasoning_tokens": reasoning}}
+
+
+def _reasoning_counter(view: Any) -> Callable[[ReqState], int] | None:
+    return view.reasoning_tokens if isinstance(view, ReasoningChatView) else None
 
 
 # A choice view: (tokenizer, state, index, text, the output tokens [start, end) whose logprobs
@@ -139,15 +148,32 @@ def completion_choice(tok: Any, state: ReqState, index: int, text: str, logprobs
                        stream: bool) -> dict[str, Any]:
     choice = {"index": index, "text": text, "logprobs": None, "finish_reason": _finish_reason(state)}
     if logprobs is not None:
-        tokens, tops = _token_logprobs(tok, state, logprobs)
-        texts = [t[2] for t in tokens]
-        choice["logprobs"] = {
-            "tokens": texts,
-            "token_logprobs": [t[0] for t in tokens],
-            "top_logprobs": [{x[2]: x[0] for x in row} for row in tops],
-            "text_offset": [sum(len(x) for x in texts[:i]) for i in range(len(texts))],
-        }
+        start, end = logprobs
+        # offsets count from the start of the whole completion, a stream's earlier chunks included
+        tokens, tops = _token_logprobs(tok, state, (0, end))
+        offsets = text_offsets([t[2] for t in tokens])
+        choice["logprobs"] = legacy_logprobs(tokens[start:], tops[start:], offsets[start:])
     return choice
+
+
+def legacy_logprobs(tokens: list, tops: list, offsets: list[int]) -> dict[str, Any]:
+    """OpenAI's completions logprobs of (logprob, id, text) triples, their top alternatives (a row
+    of None: none, as for a prompt's first token) and where each token's text starts."""
+    return {
+        "tokens": [t[2] for t in tokens],
+        "token_logprobs": [t[0] for t in tokens],
+        "top_logprobs": [None if row is None else {x[2]: x[0] for x in row} for row in tops],
+        "text_offset": offsets,
+    }
+
+
+def text_offsets(texts: list[str], start: int = 0) -> list[int]:
+    """Where each text starts when they are laid end to end from `start`."""
+    out = []
+    for t in texts:
+        out.append(start)
+        start += len(t)
+    return out
 
 
 def chat_choice(tok: Any, state: ReqState, index: int, text: str, logprobs: tuple[int, int] | None,
@@ -168,7 +194,7 @@ def chat_choice(tok: Any, state: ReqState, index: int, text: str, logprobs: tupl
 async def respond(ctx: ServerContext, request: Request, body: OpenAISampling, req: GenerateRequest,
                    view: ChoiceView, logprobs: bool) -> Response:
     sub = await Submission.start(ctx, await generate_input(ctx, req, request))
-    chat = view is chat_choice or isinstance(view, ToolChatView)
+    chat = view is chat_choice or isinstance(view, (ToolChatView, ReasoningChatView))
     meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": body.model or ctx.args.model_name}  # what was asked for, as SGLang answers
     if body.stream:
@@ -182,7 +208,8 @@ async def respond(ctx: ServerContext, request: Request, body: OpenAISampling, re
     choices = [view(tok, s, i, s.result(tok)["text"], (0, len(s.output_ids)) if logprobs else None, False)
                for i, s in enumerate(sub.states)]
     obj = "chat.completion" if chat else "text_completion"
-    return json_response({**meta, "object": obj, "choices": choices, "usage": _usage(sub.states),
+    usage = _usage(sub.states, _reasoning_counter(view))
+    return json_response({**meta, "object": obj, "choices": choices, "usage": usage,
                           **sglext(body, sub.states[0])})
 
 
@@ -205,13 +232,18 @@ class StreamUsage:
 async def _stream(sub: Submission, meta: dict[str, Any], view: ChoiceView, logprobs: bool,
                   usage: StreamUsage) -> AsyncIterator[bytes]:
     tok = sub.ctx.manager.tokenizer
-    chat = view is chat_choice or isinstance(view, ToolChatView)
+    chat = view is chat_choice or isinstance(view, (ToolChatView, ReasoningChatView))
+    reasoning = _reasoning_counter(view)
     obj = "chat.completion.chunk" if chat else "text_completion"
     n = len(sub.states)
     sent_text, sent_tokens, finished = [""] * n, [0] * n, [False] * n
+    ready = getattr(view, "ready", None)  # a view may hold a choice's chunks back (EchoView)
 
     def chunk(choice: dict[str, Any], state: ReqState, completion: int) -> bytes:
-        extra = {"usage": _usage_of(len(state.prompt_ids), completion, state.cached_tokens)} if usage.per_chunk else {}
+        if not usage.per_chunk:
+            return sse({**meta, "object": obj, "choices": [choice]})
+        thought = min(reasoning(state), completion) if reasoning is not None else 0  # state may have run ahead
+        extra = {"usage": _usage_of(len(state.prompt_ids), completion, state.cached_tokens, thought)}
         return sse({**meta, "object": obj, "choices": [choice], **extra})
 
     if chat:
@@ -223,6 +255,8 @@ async def _stream(sub: Submission, meta: dict[str, Any], view: ChoiceView, logpr
             yield sse(error_body(counted(sub.ctx, failure(failed))))
             break
         for i, s in enumerate(sub.states):
+            if ready is not None and not ready(i, s):  # echo with logprobs: not before the prompt's
+                continue
             done, end = s.done, len(s.output_ids)  # read first: the receiving thread appends meanwhile
             text = s.result(tok)["text"]
             delta = text[len(sent_text[i]):]
@@ -235,5 +269,5 @@ async def _stream(sub: Submission, meta: dict[str, Any], view: ChoiceView, logpr
             yield chunk(choice, s, end)
     else:
         if usage.at_end:
-            yield sse({**meta, "object": obj, "choices": [], "usage": _usage(sub.states)})
+            yield sse({**meta, "object": obj, "choices": [], "usage": _usage(sub.states, reasoning)})
     yield SSE_DONE

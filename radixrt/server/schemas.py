@@ -91,9 +91,10 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     return_cached_tokens_details: bool = False
     # SGLang's: the LoRA adapter's name (or a list, one per prompt); `model: "base:adapter"` wins over it
     lora_path: str | list[str | None] | None = None
+    # OpenAI's: token id (a decimal string) -> a bias added to its logit; SGLang's: stop where a regex matches
+    logit_bias: dict[str, float] | None = None
+    stop_regex: Union[str, list[str], None] = None
     # Fields this server does not honour: see the tables below.
-    logit_bias: Any = None
-    stop_regex: Any = None
     session_params: Any = None
     custom_params: Any = None
     custom_logit_processor: Any = None
@@ -109,7 +110,7 @@ class OpenAISampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class CompletionRequest(OpenAISampling, kw_only=True):
     prompt: Union[str, list[Union[str, NonNegInt, list[NonNegInt]]]]
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
-    echo: Any = False
+    echo: bool = False  # each choice's text starts with its prompt (with logprobs: the prompt's first)
     suffix: Any = None
     best_of: Any = None
     custom_labels: Any = None
@@ -144,8 +145,10 @@ class ChatCompletionRequest(OpenAISampling, kw_only=True):
     # that sampling field); reasoning_effort is passed to the template as well.
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: Literal["low", "medium", "high"] | None = "medium"
-    separate_reasoning: Any = True
-    stream_reasoning: Any = True
+    # With --reasoning-parser (else ignored, as in SGLang): the reasoning goes to reasoning_content, and
+    # a stream sends it as it comes (false: in one piece once it ends)
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
     max_dynamic_patch: Any = None
     min_dynamic_patch: Any = None
 
@@ -153,11 +156,11 @@ class ChatCompletionRequest(OpenAISampling, kw_only=True):
 # SGLang 0.5.9's OpenAI fields this server cannot honour, with SGLang's defaults: that value (or an
 # empty one) is accepted, anything else is a 400 naming the field.
 OPENAI_UNSUPPORTED: dict[str, Any] = {
-    "logit_bias": None, "stop_regex": None, "session_params": None, "custom_params": None,
+    "session_params": None, "custom_params": None,
     "custom_logit_processor": None, "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None,
     "data_parallel_rank": None, "return_hidden_states": False, "return_routed_experts": False,
 }
-COMPLETION_UNSUPPORTED: dict[str, Any] = {**OPENAI_UNSUPPORTED, "echo": False, "suffix": None, "best_of": 1}
+COMPLETION_UNSUPPORTED: dict[str, Any] = {**OPENAI_UNSUPPORTED, "suffix": None, "best_of": 1}
 CHAT_UNSUPPORTED: dict[str, Any] = {**OPENAI_UNSUPPORTED, "max_dynamic_patch": None, "min_dynamic_patch": None}
 # Fields whose value changes nothing in the answer (here, and in SGLang as launched by default):
 # accepted with any value. Field -> why.
@@ -168,11 +171,7 @@ COMPLETION_IGNORED: dict[str, str] = {
     **OPENAI_IGNORED,
     "custom_labels": "no custom metric labels (SGLang ignores them unless allowed by a server flag)",
 }
-CHAT_IGNORED: dict[str, str] = {
-    **OPENAI_IGNORED,
-    "separate_reasoning": "no reasoning parser (SGLang without --reasoning-parser ignores it too)",
-    "stream_reasoning": "no reasoning parser (SGLang without --reasoning-parser ignores it too)",
-}
+CHAT_IGNORED: dict[str, str] = {**OPENAI_IGNORED}
 
 
 class AbortBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -220,10 +219,35 @@ class UnloadLoraAdapterBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=
     http_worker_ipc: str | None = None
 
 
+class TokenizeBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """SGLang 0.5.9's TokenizeRequest (/tokenize, /v1/tokenize): one text or a list of texts."""
+
+    model: str | None = None  # not checked, as in SGLang
+    prompt: Union[str, list[str]]
+    add_special_tokens: bool = True  # the model's special tokens (a BOS), as a prompt gets them
+
+
+class DetokenizeBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """SGLang 0.5.9's DetokenizeRequest (/detokenize, /v1/detokenize): one id list or a list of them."""
+
+    model: str | None = None  # not checked, as in SGLang
+    tokens: list[Union[Int64, list[Int64]]]  # ids outside the vocabulary are a 400 naming tokens
+    skip_special_tokens: bool = True
+
+
+class SeparateReasoningBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """SGLang 0.5.9's SeparateReasoningReqInput (/separate_reasoning): a text and the parser's name."""
+
+    text: str
+    reasoning_parser: str  # radixrt/reasoning.py's names; another is a 400 naming it
+    rid: str | list[str] | None = None  # BaseReq's: not used
+    http_worker_ipc: str | None = None
+
+
 # UpdateWeightsBody fields the call takes itself; the rest are options (frontend/weights.check_update_options)
 UPDATE_CALL_FIELDS = ("model_path", "abort_all_requests", "weight_version", "rid", "http_worker_ipc")
 BODY_TYPES: tuple[type, ...] = (GenerateRequest, CompletionRequest, ChatCompletionRequest, AbortBody, UpdateWeightsBody,
-                                LoadLoraAdapterBody, UnloadLoraAdapterBody)
+                                LoadLoraAdapterBody, UnloadLoraAdapterBody, TokenizeBody, DetokenizeBody, SeparateReasoningBody)
 
 
 def decode_body(raw: bytes, kind: type) -> Any:

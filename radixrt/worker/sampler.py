@@ -6,7 +6,10 @@ parameters as tensors, the output length, the stop ids banned until
 prompt-token presence. `Sampler.sample` turns a batch of raw logits into next
 ids in the order SGLang and Hugging Face use:
 
-    penalties -> stop-id bans -> greedy argmax | temperature, top_k, top_p, min_p, draw
+    penalties -> logit_bias -> stop-id bans -> greedy argmax | temperature, top_k, top_p, min_p, draw
+
+(a grammar's mask is applied before, on the raw logits: -inf plus any finite bias stays -inf,
+so the order of the two is immaterial, as in SGLang, which biases and then masks).
 
 Stages no row of the batch needs are skipped. Draws use the exponential race
 (argmax of p / E with E ~ Exp(1)); a seeded request draws its E from a
@@ -54,6 +57,8 @@ class _Slot:
     min_new_tokens: int
     stop_ids: list[int]  # in-vocab ids, banned while out_len < min_new_tokens
     out_len: int = 0  # tokens sampled so far; a seeded row's draw position
+    bias_ids: list[int] = dataclasses.field(default_factory=list)  # logit_bias: in-vocab ids ...
+    bias_values: list[float] = dataclasses.field(default_factory=list)  # ... and what is added to each
 
     @property
     def bans_stops(self) -> bool:
@@ -114,6 +119,8 @@ class Sampler:
             min_new_tokens=params.min_new_tokens,
             stop_ids=sorted({t for t in stop_ids if 0 <= t < v}),
             out_len=len(output_ids),
+            bias_ids=[t for t in params.logit_bias if 0 <= t < v],
+            bias_values=[b for t, b in params.logit_bias.items() if 0 <= t < v],
         )
         if state.penalized:
             self._reset_penalty_rows(slot, params, prompt_ids)
@@ -213,6 +220,8 @@ class Sampler:
         penalized = [i for i, s in enumerate(states) if s.penalized]
         if penalized:
             logits = self._penalize(logits, slots, penalized)
+        if any(s.bias_ids for s in states):
+            logits = _add_biases(logits, states)
         if any(s.bans_stops for s in states):
             logits = _ban_stops(logits, states)
         return logits
@@ -329,6 +338,18 @@ def min_p_filter(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """probs: [R, V] -> [R, V] with ids below min_p * (the row's top prob) set to 0. min_p: [R]."""
     threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)  # [R, 1]
     return probs.masked_fill(probs < threshold, 0.0)
+
+
+def _add_biases(logits: torch.Tensor, states: list[_Slot]) -> torch.Tensor:
+    """logits [R, vocab] plus each row's logit_bias, every biased row in one indexed add (a new tensor:
+    logits may be the caller's)."""
+    rows: list[int] = []
+    for i, s in enumerate(states):
+        rows += [i] * len(s.bias_ids)
+    cols = [t for s in states for t in s.bias_ids]
+    values = torch.tensor([b for s in states for b in s.bias_values], dtype=logits.dtype, device=logits.device)
+    index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
+    return logits.index_put(index, values, accumulate=True)
 
 
 def _ban_stops(logits: torch.Tensor, states: list[_Slot]) -> torch.Tensor:
