@@ -1,7 +1,8 @@
 """Reasoning output through a server run with --reasoning-parser qwen3 (this module's own: the
 shared server has no parser, as its chat tests expect whole-text content): chat through the
-official openai client, whole and streamed, /separate_reasoning, usage.reasoning_tokens, and the
-DSL's separate_reasoning.
+official openai client, whole and streamed, /separate_reasoning, usage.reasoning_tokens, the
+DSL's separate_reasoning, a grammar that waits for the reasoning's end, and qwen3_coder tool
+calls found in the content after the reasoning.
 
 A regex constraint forces the tiny model to write the markers; its tokenizer splits `<think>`
 and `</think>` into several tokens, so every stream here sees a marker arrive across tokens.
@@ -12,6 +13,7 @@ off, and the output's own `<think>` opens the reasoning.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +33,8 @@ MAX_TOKENS = 32
 def server(llama_path) -> Iterator[str]:
     from support.server_proc import SERVER_ARGS, running_server
 
-    with running_server(llama_path, *SERVER_ARGS, "--reasoning-parser", "qwen3") as (url, _):
+    # qwen3_coder (the last --tool-call-parser wins): one of the issue's parsers through a server
+    with running_server(llama_path, *SERVER_ARGS, "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen3_coder") as (url, _):
         yield url
 
 
@@ -98,14 +101,26 @@ def test_chat_stream_splits_at_the_marker(client, stream_reasoning):
     assert chunks[-1].usage.reasoning_tokens == expected > 0
 
 
-def test_tools_are_parsed_after_the_reasoning(client):
-    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
-    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
+@pytest.mark.parametrize("stream", [False, True])
+def test_tools_are_parsed_after_the_reasoning(client, stream):
+    """qwen3_coder's calls, their values typed by the tool's schema, found in the content only."""
+    params = {"type": "object", "properties": {"zone": {"type": "string"}, "days": {"type": "integer"}}}
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": params}}]
+    call = "<tool_call>\n<function=get_time>\n<parameter=zone>\nutc\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
     r = client.chat.completions.create(model="default", messages=MESSAGES, tools=tools, max_tokens=128, temperature=0,
+                                       stream=stream,
                                        extra_body={"regex": re.escape("<think>hm</think>" + call), **NOT_THINKING})
-    message = r.choices[0].message
-    assert message.reasoning_content == "hm" and not message.content
-    assert [c.function.name for c in message.tool_calls] == ["get_time"] and r.choices[0].finish_reason == "tool_calls"
+    if stream:
+        deltas = [c.choices[0].delta for c in r if c.choices]
+        reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+        content = "".join(d.content or "" for d in deltas)
+        calls = [c for d in deltas for c in d.tool_calls or []]
+    else:
+        message = r.choices[0].message
+        reasoning, content, calls = message.reasoning_content, message.content, message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls"
+    assert reasoning == "hm" and not content
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_time", {"zone": "utc", "days": 3})]
 
 
 def test_dsl_separate_reasoning(server):
