@@ -99,6 +99,24 @@ def bench(family: str, bounds: list[int]) -> dict[str, Any]:
     return rows
 
 
+def summary(results: dict[str, Any], baseline: str = "-1") -> dict[str, Any]:
+    """Per bound, over every model and schema: the mean share that ends valid and the mean tokens,
+    each as a ratio to the unbounded run's (the baseline, measured in the same run)."""
+    bounds = next(iter(results.values())).keys()
+    cells = {b: [m for rows in results.values() for m in rows[b].values()] for b in bounds}
+    mean = {b: (sum(m["valid"] for m in c) / len(c), sum(m["mean_tokens"] for m in c) / len(c)) for b, c in cells.items()}
+    base_valid, base_tokens = mean[baseline]
+    return {b: {"valid": v, "tokens": t, "valid_vs_any": v / base_valid if base_valid else None,
+                "tokens_vs_any": t / base_tokens} for b, (v, t) in mean.items()}
+
+
+def print_summary(table: dict[str, Any]) -> None:
+    print(f"{'ws':>3} {'valid':>6} {'x any':>6} {'tokens':>7} {'x any':>6}")
+    for b, row in table.items():
+        ratio = "-" if row["valid_vs_any"] is None else f"{row['valid_vs_any']:.2f}x"
+        print(f"{b:>3} {row['valid']:6.0%} {ratio:>6} {row['tokens']:7.1f} {row['tokens_vs_any']:5.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="llama,qwen2")
@@ -106,8 +124,13 @@ def main() -> None:
     args = parser.parse_args()
     bounds = [int(b) for b in args.bounds.split(",")]
     print(f"{'model':6} {'ws':>3} {'schema':14} (of {RUNS} seeded runs, {MAX_NEW} new tokens, temperature 1)")
+    if -1 not in bounds:
+        bounds.append(-1)  # the baseline every bound is compared with
     results = {family: bench(family, bounds) for family in args.models.split(",")}
-    print("wrote", write_result("json_whitespace", {"runs": RUNS, "max_new_tokens": MAX_NEW, "models": results}))
+    table = summary(results)
+    print_summary(table)
+    print("wrote", write_result("json_whitespace", {"runs": RUNS, "max_new_tokens": MAX_NEW, "models": results,
+                                                    "vs_any_whitespace": table}))
 
 
 if __name__ == "__main__":

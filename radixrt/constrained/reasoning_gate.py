@@ -59,10 +59,6 @@ class ReasoningGate:
         return self.grammar.longest_token
 
     @property
-    def dead_end(self) -> bool:
-        return not self.reasoning and self.grammar.dead_end
-
-    @property
     def terminated(self) -> bool:
         return not self.reasoning and self.grammar.terminated
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import msgspec
 
@@ -76,9 +76,7 @@ class Intake:
             _check_unicode(prompt, "text")
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
-            bad = [i for i in input_ids if not 0 <= i < self.vocab_size]
-            if bad:
-                raise RequestError(f"input_ids contains {bad[0]}, outside the vocabulary of {self.vocab_size}", "input_ids")
+            check_in_vocabulary(input_ids, self.vocab_size, "input_ids")
             ids = list(input_ids)
         if not ids:
             raise RequestError("prompt is empty", "text" if prompt is not None else "input_ids")
@@ -124,13 +122,8 @@ class Intake:
         return _with_max_new_tokens(item, room)
 
     def _check_item(self, item: GenerateItem) -> None:
-        bad = [t for t in item.sampling.stop_token_ids if t >= self.vocab_size]
-        if bad:
-            raise RequestError(f"stop_token_ids contains {bad[0]}, outside the vocabulary of {self.vocab_size}",
-                               "stop_token_ids")
-        bad = [t for t in item.sampling.logit_bias if t >= self.vocab_size]
-        if bad:  # SGLang's check, against the model's vocabulary (its logits' width)
-            raise RequestError(f"logit_bias has token {bad[0]}, outside the vocabulary of {self.vocab_size}", "logit_bias")
+        check_in_vocabulary(item.sampling.stop_token_ids, self.vocab_size, "stop_token_ids")
+        check_in_vocabulary(item.sampling.logit_bias, self.vocab_size, "logit_bias")  # SGLang's check too
         if item.top_logprobs_num > self.vocab_size:
             raise RequestError(f"top_logprobs_num must be <= the vocabulary size {self.vocab_size}, "
                                f"got {item.top_logprobs_num}", "top_logprobs_num")
@@ -151,6 +144,14 @@ class Intake:
                 self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self._eos_ids,
                                                  max_whitespace=self.args.json_max_whitespace)
             return self._grammars
+
+
+def check_in_vocabulary(ids: Iterable[int], vocab_size: int, field: str) -> None:
+    """RequestError naming `field` for the first id outside [0, vocab_size), the model's vocabulary
+    (its logits' width)."""
+    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
+    if bad is not None:
+        raise RequestError(f"{field} contains {bad}, outside the vocabulary of {vocab_size}", field)
 
 
 def _with_max_new_tokens(item: GenerateItem, n: int) -> GenerateItem:

@@ -126,6 +126,10 @@ def _usage_of(prompt: int, completion: int, cached: int, reasoning: int = 0) -> 
             "completion_tokens_details": {"reasoning_tokens": reasoning}}
 
 
+def _is_chat(view: Any) -> bool:
+    return view is chat_choice or isinstance(view, (ToolChatView, ReasoningChatView))
+
+
 def _reasoning_counter(view: Any) -> Callable[[ReqState], int] | None:
     return view.reasoning_tokens if isinstance(view, ReasoningChatView) else None
 
@@ -194,7 +198,7 @@ def chat_choice(tok: Any, state: ReqState, index: int, text: str, logprobs: tupl
 async def respond(ctx: ServerContext, request: Request, body: OpenAISampling, req: GenerateRequest,
                    view: ChoiceView, logprobs: bool) -> Response:
     sub = await Submission.start(ctx, await generate_input(ctx, req, request))
-    chat = view is chat_choice or isinstance(view, (ToolChatView, ReasoningChatView))
+    chat = _is_chat(view)
     meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": body.model or ctx.args.model_name}  # what was asked for, as SGLang answers
     if body.stream:
@@ -232,7 +236,7 @@ class StreamUsage:
 async def _stream(sub: Submission, meta: dict[str, Any], view: ChoiceView, logprobs: bool,
                   usage: StreamUsage) -> AsyncIterator[bytes]:
     tok = sub.ctx.manager.tokenizer
-    chat = view is chat_choice or isinstance(view, (ToolChatView, ReasoningChatView))
+    chat = _is_chat(view)
     reasoning = _reasoning_counter(view)
     obj = "chat.completion.chunk" if chat else "text_completion"
     n = len(sub.states)

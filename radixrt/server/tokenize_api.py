@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 
 from radixrt.errors import RequestError
+from radixrt.frontend.intake import check_in_vocabulary
 from radixrt.frontend.text_bound import TextBound
 from radixrt.server.http_common import (
     ServerContext,
@@ -81,9 +82,7 @@ def detokenize(tokenizer: Any, body: DetokenizeBody, limits: TokenizerLimits) ->
     lists: list[list[int]] = tokens if nested else [tokens]  # type: ignore[assignment]
     _check_items(len(lists), limits.max_items, "tokens")
     for ids in lists:
-        bad = next((i for i in ids if not 0 <= i < limits.vocab_size), None)
-        if bad is not None:
-            raise RequestError(f"tokens contains {bad}, outside the vocabulary of {limits.vocab_size}", "tokens")
+        check_in_vocabulary(ids, limits.vocab_size, "tokens")
     texts = [tokenizer.decode(ids, skip_special_tokens=body.skip_special_tokens) for ids in lists]
     return {"text": texts if nested else texts[0]}
 
