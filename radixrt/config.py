@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixrt.lora_settings import LoraServing, check_lora_args
+from radixrt.pooling import check_pooler_config
 from radixrt.quant_settings import check_quantization_args
 from radixrt.reasoning import REASONING_PARSERS
 from radixrt.retention.policies import wants_mass
@@ -231,6 +232,14 @@ class ServerArgs:
         None, "how /v1/chat/completions separates the model's reasoning from its answer (message.reasoning_content), "
         f"by SGLang's format names: {', '.join(REASONING_PARSERS)}"
     )
+    is_embedding: bool = _arg(
+        False, "serve embeddings only (SGLang's): /encode, /v1/embeddings and a cross-encoder's /v1/rerank answer, the "
+        "generating routes refuse; without it the server generates and serves embeddings, scores and reranking too"
+    )
+    pooler_config: str | None = _arg(
+        None, "vLLM's pooler override, JSON: {\"pooling_type\": \"LAST\" | \"MEAN\" | \"CLS\", \"normalize\": bool}; "
+        "default: the checkpoint's sentence-transformers modules, else the last token, normalized"
+    )
     disable_jump_forward: bool = _arg(
         False, "sample every token of a constrained output, even where its grammar allows only one continuation"
     )
@@ -382,6 +391,8 @@ class ServerArgs:
     log_level: str = _arg("info", "logging level: debug, info, warning, error")
 
     def __post_init__(self) -> None:
+        if self.pooler_config is not None:
+            check_pooler_config(self.pooler_config)
         if not self.model_path:
             raise ValueError("model_path is required")
         if self.chat_template is not None and not (

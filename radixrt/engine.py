@@ -19,11 +19,20 @@ from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
 from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N
 from radixrt.frontend.generate_input import GenerateInput
+from radixrt.frontend.intake import check_in_vocabulary
+from radixrt.frontend.readout_calls import (
+    Prompt,
+    embedding_prompts,
+    encode_results,
+    label_scores,
+    readout_input,
+    score_prompts,
+)
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import BackendDied, TokenizerManager
 from radixrt.frontend.weights import UpdateWeightsResult, check_update_options, model_info
 from radixrt.launch.backend import prepare_checkpoint, start_serving
-from radixrt.messages import LoraUpdateReply
+from radixrt.messages import LoraUpdateReply, Readout
 from radixrt.model_source import resolve_update_path
 
 PROGRESS_BAR_MIN = 32  # a list at least this long shows a tqdm bar
@@ -147,6 +156,34 @@ class Engine:
         while not all(s.done for s in states):
             await updates.get()
         return self._results(states, gen)
+
+    def encode(self, prompt: str | list[str] | list[int] | list[list[int]],
+               dimensions: int | None = None) -> dict[str, Any] | list[dict[str, Any]]:
+        """SGLang's Engine.encode: each prompt's (text or token ids) embedding and meta_info, as /encode
+        answers; the served model's pooling (radixrt/pooling.py). Bad input raises ValueError."""
+        prompts, is_batch = embedding_prompts(prompt)
+        pooler = self._manager.pooler
+        pooler.check_dimensions(dimensions)
+        out = encode_results(self._readouts(prompts, Readout(pooler.kind), is_batch), pooler, dimensions)
+        return out if is_batch else out[0]
+
+    def score(self, query: str | list[int], items: str | list[str] | list[list[int]], label_token_ids: list[int],
+              apply_softmax: bool = False, item_first: bool = False) -> list[list[float]]:
+        """SGLang's Engine.score: per item, the probability of each label token after query + item."""
+        check_in_vocabulary(label_token_ids, self._manager.vocab_size, "label_token_ids")
+        states = self._readouts(score_prompts(query, items, item_first), Readout("labels", list(label_token_ids)), True)
+        return [label_scores(s, apply_softmax) for s in states]
+
+    def _readouts(self, prompts: list[Prompt], readout: Readout, is_batch: bool) -> list[ReqState]:
+        self._check_open()
+        updates: queue.SimpleQueue[None] = queue.SimpleQueue()
+        states = self._manager.submit_all(readout_input(prompts, readout, is_batch=is_batch), lambda: updates.put(None))
+        while not all(s.done for s in states):
+            updates.get()
+        for s in states:
+            if s.error is not None:
+                raise (BackendDied if self._manager.dead else RuntimeError)(s.error.message)
+        return states
 
     def _input(self, call: GenerateArgs) -> GenerateInput:
         self._check_open()

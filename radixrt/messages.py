@@ -24,6 +24,23 @@ from radixrt.stats import SchedulerStats
 # -- frontend -> scheduler ---------------------------------------------------
 
 
+class Readout(msgspec.Struct, array_like=True, frozen=True):
+    """What a prefill-only request (max_new_tokens 0) reads out of its forward instead of a
+    sample: an embedding or a score (radixrt/scheduler/readouts.py, radixrt/worker/readouts.py).
+
+    kind "last" | "mean" | "cls": the final hidden state after the model's last norm, of the
+    last token, averaged over every token, or of the first token; "labels": the logprobs of
+    label_ids as the next token after the last one (SGLang's /v1/score); "head": the
+    classification head's outputs at the last token (a ForSequenceClassification checkpoint)."""
+
+    kind: str
+    label_ids: list[int] = []
+
+
+READOUT_KINDS = ("last", "mean", "cls", "labels", "head")
+POOLING_KINDS = ("last", "mean", "cls")  # the readouts that are embeddings
+
+
 class TokenizedRequest(msgspec.Struct, tag=True):
     rid: str
     input_ids: list[int]
@@ -42,6 +59,7 @@ class TokenizedRequest(msgspec.Struct, tag=True):
     lora_name: str | None = None  # the LoRA adapter it runs (its lora_path); None: the base model
     # SGLang's: with --reasoning-parser, its grammar starts after the reasoning's end marker
     require_reasoning: bool = False
+    readout: Readout | None = None  # a prefill-only request's embedding or score (max_new_tokens is 0)
 
 
 MAX_PIN_TTL_S = 24 * 3600.0  # the longest pin a request may ask for
@@ -160,6 +178,7 @@ class ReqOutput(msgspec.Struct, array_like=True):
     # cached_tokens by tier, with the hierarchical cache on and a hit; else None (as SGLang)
     cached_details: CachedTokensDetail | None = None
     spec: SpecCounts | None = None  # on a server that speculates: its figures so far
+    readout: bytes | None = None  # with its finish, a Readout's result: float32 values, native byte order
 
 
 class TokenBatchOut(msgspec.Struct, tag=True):
@@ -249,6 +268,9 @@ class BatchEntry(msgspec.Struct, array_like=True, kw_only=True):
     # a draft tree: per draft, the index of its parent draft, or -1 for the last accepted token; drafts come in
     # topological order. Empty: a chain (draft j's parent is draft j - 1)
     draft_parents: list[int] = []
+    # a prefill-only request's chunk that reads something out (the last chunk; every chunk for "mean", whose
+    # rows' sum comes back; the first for "cls"); None: nothing
+    readout: Readout | None = None
 
 
 class ForwardBatch(msgspec.Struct, tag=True):
@@ -413,6 +435,8 @@ class BatchResult(msgspec.Struct, tag=True):
     memory: WorkerMemory | None = None  # at most once a second
     disk: DiskFaults | None = None  # None: the disk tier had no failure since the last result
     spec: list[SpecVerdict] = []  # one per entry that verified drafts (draft_len or propose) and did not fail, in order
+    # one per entry when any had a readout (b"" for the others, and for a failed one): float32 values
+    readouts: list[bytes] = []
 
 
 class SpotCheckResult(msgspec.Struct, tag=True):

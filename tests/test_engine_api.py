@@ -78,6 +78,28 @@ def test_prefill_only_request(engine, prompt):
     assert res["meta_info"]["prompt_tokens"] > 0
 
 
+def test_encode_and_score_as_sglangs_engine(engine, prompt, llama_path):
+    import torch
+
+    from support.helpers import hf_model, tokenizer
+
+    ids = tokenizer(llama_path).encode(prompt)
+    with torch.no_grad():
+        last = hf_model(llama_path).model(torch.tensor([ids])).last_hidden_state[0, -1]
+        probs = torch.softmax(hf_model(llama_path)(torch.tensor([ids])).logits[0, -1], -1)
+    one = engine.encode(prompt)
+    assert one["meta_info"]["prompt_tokens"] == len(ids)
+    assert torch.allclose(torch.tensor(one["embedding"]), torch.nn.functional.normalize(last, dim=0), atol=1e-5)
+    for r in engine.encode([ids, ids[:5]]):  # a list: a list of answers
+        assert len(r["embedding"]) == len(one["embedding"])
+    assert torch.allclose(torch.tensor(engine.encode([ids])[0]["embedding"]), torch.tensor(one["embedding"]), atol=1e-5)
+    scores = engine.score(ids[:3], [ids[3:]], label_token_ids=[7, 8])
+    assert torch.allclose(torch.tensor(scores[0]), probs[[7, 8]], rtol=1e-4, atol=1e-9)
+    with pytest.raises(ValueError, match="dimensions"):
+        engine.encode(prompt, dimensions=4)
+    assert_no_page_leak(engine)
+
+
 def test_input_ids_and_text_agree(engine, prompt):
     ids = engine.tokenizer.encode(prompt)
     assert engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] == engine.generate(prompt, GREEDY)["output_ids"]

@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 L0 = {"radixrt", "radixrt.config", "radixrt.errors", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils",
       "radixrt.retention", "radixrt.stats", "radixrt.config_views", "radixrt.namespace", "radixrt.speculative",
-      "radixrt.quant_settings", "radixrt.scheduling_settings", "radixrt.lora_settings", "radixrt.reasoning"}
+      "radixrt.quant_settings", "radixrt.scheduling_settings", "radixrt.lora_settings", "radixrt.reasoning",
+      "radixrt.pooling"}
 # package -> radixrt packages it may import (besides itself)
 ALLOWED = {
     "radixrt.kernels": set(),
@@ -28,7 +29,7 @@ ALLOWED = {
 COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.launch", "radixrt.cli", "radixrt.launch_server",
                      "radixrt.ops"}
 PROCESS_MODULES = {"subprocess", "multiprocessing", "radixrt.launch"}  # what starting a process takes
-L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc", "retention", "stats", "namespace"}
+L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc", "retention", "stats", "namespace", "pooling"}
 
 
 def package_of(path: Path) -> str:

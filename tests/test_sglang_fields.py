@@ -223,3 +223,42 @@ def test_the_weight_update_body_takes_every_sglang_field_and_refuses_what_it_can
         with pytest.raises(RequestError) as e:
             check_update_options(**{**options, name: _asking_value(default)})
         assert e.value.param == name
+
+
+# -- the prefill-only routes: /encode, /v1/embeddings, /v1/score, /v1/rerank --------------------
+
+ENCODE = class_fields("managers/io_struct.py", "EmbeddingReqInput", "BaseReq", "APIServingTimingMixin")
+EMBEDDING = class_fields("entrypoints/openai/protocol.py", "EmbeddingRequest")
+SCORE = class_fields("entrypoints/openai/protocol.py", "ScoringRequest")
+RERANK = class_fields("entrypoints/openai/protocol.py", "V1RerankReqInput")
+READOUT_BODIES = [  # (SGLang's fields, our struct, the route, a body that asks for something)
+    (ENCODE, "EncodeRequest", "/encode", {"text": "hi"}),
+    (EMBEDDING, "EmbeddingRequest", "/v1/embeddings", {"input": "hi"}),
+    (SCORE, "ScoringRequest", "/v1/score", {"query": "hi", "items": [" there"], "label_token_ids": [1]}),
+    (RERANK, "RerankRequest", "/v1/rerank", {"query": "hi", "documents": ["there"]}),
+]
+
+
+def test_the_prefill_only_structs_read_are_sglangs():
+    assert ENCODE["dimensions"] is None and ENCODE["is_cross_encoder_request"] is False and "received_time" in ENCODE
+    assert EMBEDDING["input"] is MISSING and EMBEDDING["encoding_format"] == "float"
+    assert SCORE["apply_softmax"] is False and SCORE["item_first"] is False and "label_token_ids" in SCORE
+    assert RERANK["query"] is MISSING and RERANK["return_documents"] is True and RERANK["top_n"] is None
+    assert (len(ENCODE), len(EMBEDDING), len(SCORE), len(RERANK)) == (22, 8, 6, 5)
+
+
+@pytest.mark.parametrize("fields,kind,path,base", READOUT_BODIES, ids=[b[2] for b in READOUT_BODIES])
+def test_the_prefill_only_routes_take_every_sglang_field_at_its_default(server, fields, kind, path, base):
+    from radixrt.server import readout_schemas
+
+    struct = getattr(readout_schemas, kind)
+    assert set(fields) <= {f.name for f in msgspec.structs.fields(struct)}, sorted(set(fields) - set(struct.__struct_fields__))
+    for name in fields:  # each alone
+        decode_body(json.dumps(_with(base, fields, name)).encode(), struct)
+    for name, default in readout_schemas.ENCODE_UNSUPPORTED.items() if path == "/encode" else ():
+        assert ENCODE[name] == default, name
+    body = _all_defaults(fields, base)
+    status = 400 if path == "/v1/rerank" else 200  # the session's model is no reranker: refused by name, not by field
+    r = requests.post(server + path, json=body, timeout=60)
+    assert r.status_code == status, (path, r.text)
+    assert status == 200 or "cannot rerank" in r.json()["error"]["message"]

@@ -25,6 +25,7 @@ import msgspec
 
 from radixrt.errors import RequestError, from_validation
 from radixrt.frontend.cache_control import CacheControl, pin_ttl
+from radixrt.messages import Readout
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.sampling_params import Int64, NonNegInt, SamplingParams, SamplingParamsIn, refuse_unsupported
 
@@ -147,6 +148,7 @@ class GenerateItem:
     tenant: str | None = None  # the tenant its API key names (--api-keys-file; None: its cache_salt's)
     lora_name: str | None = None  # its LoRA adapter (SGLang's lora_path: the adapter's name); None: the base model
     require_reasoning: bool = False  # with --reasoning-parser: its grammar starts after the reasoning
+    readout: Readout | None = None  # a prefill-only embedding or score (frontend/readout_calls.py); None: generates
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ class GenerateInput:
         """max_requests: the most requests (prompts times n) the call may make (None: any; the
         Engine's offline batches); a larger call is refused before its prompts are looked at."""
         refuse_unsupported(req, UNSUPPORTED_FIELDS)
-        prompts, ids, is_batch = _prompts(req.text, req.input_ids)
+        prompts, ids, is_batch = split_prompts(req.text, req.input_ids)
         n = len(prompts if prompts is not None else ids)
         _check_call_size(n, [], max_requests, "text" if prompts is not None else "input_ids")
         raw_params = _per_item(req.sampling_params, n, "sampling_params")
@@ -239,7 +241,7 @@ def _max_tokens_given(sp: SamplingParamsIn | None) -> bool:
     return sp is not None and any(isinstance(v, int) for v in (sp.max_new_tokens, sp.max_tokens))
 
 
-def _prompts(text: Any, input_ids: Any) -> tuple[list[str] | None, list[list[int]] | None, bool]:
+def split_prompts(text: Any, input_ids: Any) -> tuple[list[str] | None, list[list[int]] | None, bool]:
     """(texts, id lists, is_batch): exactly one of text and input_ids, one prompt or a list."""
     if (text is None) == (input_ids is None):
         raise RequestError("give exactly one of text (prompt) or input_ids", "text")

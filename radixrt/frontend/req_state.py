@@ -46,6 +46,7 @@ class ReqState:
     cached_tokens: int = 0
     cached_details: CachedTokensDetail | None = None  # cached_tokens by tier (None: no tiers, or no hit)
     spec: SpecCounts | None = None  # on a speculating server: its speculative decoding so far
+    readout: bytes | None = None  # a prefill-only request's embedding or score, with its finish (float32)
     output_logprobs: list[float] = field(default_factory=list)
     output_top: list[TopLogprobs] = field(default_factory=list)
     input_logprobs: list[float | None] = field(default_factory=list)
@@ -81,6 +82,8 @@ class ReqState:
         if out.input_logprobs is not None:
             self.input_logprobs = out.input_logprobs
             self.input_top = out.input_top
+        if out.readout is not None:
+            self.readout = out.readout
         if out.finish is not None:
             self.finish = out.finish
             self.finished_at = time.perf_counter()

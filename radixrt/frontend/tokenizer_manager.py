@@ -58,6 +58,7 @@ from radixrt.messages import (
     WorkerReady,
 )
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
+from radixrt.pooling import load_pooler
 from radixrt.retention.rules import RetentionRules
 from radixrt.sampling_params import SamplingParams
 from radixrt.utils.checkpoint_meta import incompatibility
@@ -110,6 +111,11 @@ class TokenizerManager:
         # generation_config.json's sampling values for chat requests that leave them unset (--sampling-defaults)
         self.sampling_defaults = model_sampling_defaults(Path(args.model_path), args.sampling_defaults)
         self.context_length = worker.context_length
+        self.vocab_size = worker.vocab_size
+        self.pooler = load_pooler(args.model_path, args.pooler_config)  # how /encode and /v1/embeddings pool
+        if self.pooler.head_labels and not args.is_embedding:
+            raise ValueError("this checkpoint is a sequence classifier (…ForSequenceClassification): it has no "
+                             "language-model head to generate with; launch it with --is-embedding")
         # what the worker decided at load, for /get_server_info
         self.worker_info = {
             "matmul_dtype": worker.matmul_dtype, "matmul_dtype_reason": worker.matmul_dtype_reason,

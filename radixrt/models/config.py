@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from radixrt.kernels.backend import LayerAttention
 from radixrt.models.family_options import FAMILY_OPTIONS, HIDDEN_ACTS, SLIDING, refuse_nested, rope_spec
 from radixrt.models.rope import ROPE_TYPES
+from radixrt.pooling import classifier_labels
 
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 
@@ -51,6 +52,9 @@ class ModelConfig:
     o_proj_bias: bool = False
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
+    # a …ForSequenceClassification checkpoint's head outputs (its `score` layer; it has no lm_head, so its
+    # output head is its input embeddings: served --is-embedding); 0: a causal LM
+    num_labels: int = 0
     torch_dtype: str = "float32"
     eos_ids: tuple[int, ...] = ()
     hidden_act: str = "silu"  # of the gated MLP: silu or gelu_pytorch_tanh
@@ -100,7 +104,8 @@ class ModelConfig:
             attention_bias=c.get("attention_bias", False),
             o_proj_bias=c.get("attention_bias", False),
             mlp_bias=c.get("mlp_bias", False),
-            tie_word_embeddings=c.get("tie_word_embeddings", False),
+            tie_word_embeddings=c.get("tie_word_embeddings", False) or classifier_labels(c) > 0,
+            num_labels=classifier_labels(c),
             torch_dtype=str(c.get("dtype") or c.get("torch_dtype") or "float32"),
             eos_ids=_eos_ids(path, c),
             hidden_act=c.get("hidden_act", "silu"),

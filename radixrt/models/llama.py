@@ -172,6 +172,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ColumnParallelLinear(cfg.hidden_size, self.embed_tokens.weight.shape[0], bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        # a sequence classifier's head (replicated on every rank; worker/readouts.py applies it)
+        self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False) if cfg.num_labels else None
         self.rope = self._rope(cfg.rope_theta, cfg.rope_scaling)
         self.layer_ropes = [self.rope] * cfg.num_layers  # each layer's rope (a plain list: no second registration)
         use_layer_ops(self, self.layer_ops)
@@ -197,6 +199,12 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, hidden] rows that need logits -> [R, vocab] float32 (gathered across ranks)."""
         return self.tp.all_gather_last(self.lm_head(self.norm(hidden)).float())
+
+    def classify(self, normed: torch.Tensor) -> torch.Tensor:
+        """normed: [R, hidden] final hidden states after the norm, float32 -> [R, num_labels] the
+        classification head's outputs (a …ForSequenceClassification checkpoint's)."""
+        assert self.score is not None, "classify() on a model without a classification head"
+        return self.score(normed.to(self.score.weight.dtype)).float()
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Copy checkpoint tensors in, fusing q/k/v and gate/up and reading only this rank's

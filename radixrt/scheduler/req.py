@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from radixrt.constrained.grammar import Matcher
 from radixrt.constrained.reasoning_gate import ReasoningGate
-from radixrt.messages import CachedTokensDetail, FinishReason, TokenizedRequest, TopLogprobs
+from radixrt.messages import CachedTokensDetail, FinishReason, Readout, TokenizedRequest, TopLogprobs
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace, RopeMode
 from radixrt.retention.policies import RetentionBudget
 from radixrt.sampling_params import SamplingParams
@@ -62,11 +62,13 @@ class Req:
     started_at: float | None = None  # time.monotonic() at its first admission: the running timeout's clock
     long_prefill: bool = False  # a long uncached prompt: the decodes' cadence cuts its chunks (step_budget.py)
     lora_slot: int = -1  # while running: the worker slot of its LoRA adapter (scheduler/lora_slots.py); -1: none
+    readout: Readout | None = None  # a prefill-only request's embedding or score (scheduler/readouts.py)
+    readout_value: bytes = b""  # what the worker read out so far ("mean": the sum of the rows run)
 
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:
         return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.namespace,
-                   pin_ttl=m.pin_ttl, require_reasoning=m.require_reasoning)
+                   pin_ttl=m.pin_ttl, require_reasoning=m.require_reasoning, readout=m.readout)
 
     @property
     def prompt_len(self) -> int:
@@ -112,6 +114,8 @@ class Req:
         limit = self.seq_len - 1
         if self.wants_prompt_logprobs:
             limit = min(limit, max(self.logprob_start_len, 1) - 1)
+        if self.readout is not None and self.readout.kind in ("mean", "cls"):  # every row's hidden state, or the first's
+            limit = 0
         if self.retention is not None:  # leave the first step a page to fill before any drop
             limit = min(limit, self.retention.max_tokens - self.retention.page_size)
         return limit

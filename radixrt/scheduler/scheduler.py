@@ -62,6 +62,7 @@ from radixrt.scheduler.policy import SCHEDULE_POLICIES
 from radixrt.scheduler.preemption import Preemption
 from radixrt.scheduler.priorities import Priorities
 from radixrt.scheduler.queue_limits import QueueLimits
+from radixrt.scheduler.readouts import attach_readout, chunk_readout, collect_readout
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.speculation import Draft, Speculator
 from radixrt.scheduler.spot_checks import SpotChecks
@@ -431,7 +432,7 @@ class Scheduler:
                           allowed=allowed, pos_offset=r.kv.dropped, retain=retain,
                           want_mass=r.retention is not None and r.retention.wants_mass, draft_len=len(drafted),
                           propose=draft.propose if draft is not None else 0,
-                          draft_parents=draft.parents if draft is not None else [])
+                          draft_parents=draft.parents if draft is not None else [], readout=chunk_readout(r, start, n))
 
     # -- results ---------------------------------------------------------------
 
@@ -457,6 +458,8 @@ class Scheduler:
                 logger.error("request %s failed in step %d: %s", r.rid, self.step_no, failed[i])
                 self._finish(r, internal_error(failed[i]))
                 continue
+            if batch.readouts:
+                collect_readout(r, batch.readouts[i], r.kv_len)
             self.mem.advance(r, n + (verdict.accepted if verdict is not None else 0))  # and the drafts it keeps
             r.slot_initialized = True
             if batch.page_mass and batch.page_mass[i]:
@@ -474,6 +477,7 @@ class Scheduler:
             if verdict is not None:
                 self.mem.keep_to(r, r.seq_len)
             if out is not None:
+                attach_readout(r, out)
                 self.spec.gained(r, out.new_ids, n == 1 and r.output_len > len(out.new_ids))
                 out.spec = r.spec.counts() if r.spec is not None else None
                 self.outbox.append(out)

@@ -32,6 +32,7 @@ from radixrt.server.lora_api import add_lora_routes
 from radixrt.server.native_api import add_native_routes
 from radixrt.server.openai_api import add_openai_routes
 from radixrt.server.schemas import openapi_schemas
+from radixrt.server.readout_api import add_readout_routes, refuse_generation
 from radixrt.server.tokenize_api import add_tokenize_routes
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
         if not access.allowed:
             return _answer(ctx, ApiError(401, "invalid or missing API key", type="authentication_error", cause="auth"))
         request.state.tenant = access.tenant
+        if (refused := refuse_generation(ctx, request.url.path)) is not None:
+            return _answer(ctx, refused)
         refused = None if access.needs_key else browser.refusal(request.method, request.url.path, request.headers)
         if refused is not None:  # a route without a key: what a web page could send is refused
             return _answer(ctx, refused)
@@ -69,6 +72,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     add_openai_routes(app, ctx)
     add_lora_routes(app, ctx)
     add_tokenize_routes(app, ctx)
+    add_readout_routes(app, ctx)
     install_openapi(app)
     return app
 

@@ -24,6 +24,7 @@ from radixrt.errors import RequestError, from_validation
 from radixrt.frontend.cache_control import CacheControl
 from radixrt.frontend.generate_input import GenerateRequest, Salt
 from radixrt.sampling_params import Int64, NonNegInt
+from radixrt.server.readout_schemas import READOUT_BODY_TYPES
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -247,7 +248,8 @@ class SeparateReasoningBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=
 # UpdateWeightsBody fields the call takes itself; the rest are options (frontend/weights.check_update_options)
 UPDATE_CALL_FIELDS = ("model_path", "abort_all_requests", "weight_version", "rid", "http_worker_ipc")
 BODY_TYPES: tuple[type, ...] = (GenerateRequest, CompletionRequest, ChatCompletionRequest, AbortBody, UpdateWeightsBody,
-                                LoadLoraAdapterBody, UnloadLoraAdapterBody, TokenizeBody, DetokenizeBody, SeparateReasoningBody)
+                                LoadLoraAdapterBody, UnloadLoraAdapterBody, TokenizeBody, DetokenizeBody, SeparateReasoningBody,
+                                *READOUT_BODY_TYPES)
 
 
 def decode_body(raw: bytes, kind: type) -> Any:

@@ -23,6 +23,7 @@ class LogitRows:
     # per entry: its position in `rows` (a verifying entry's draft_len + 1 rows start there)
     entry_sample: list[int | None] = field(default_factory=list)
     entry_prompt: list[int | None] = field(default_factory=list)  # per entry: first prompt-logprob position
+    entry_labels: list[int | None] = field(default_factory=list)  # per entry: its "labels" readout's position
     any_logprobs: bool = False
 
     @classmethod
@@ -42,6 +43,11 @@ class LogitRows:
                 plan.sample_pos.append(sample)
                 plan.rows.extend(range(offset + len(e.input_ids) - 1 - e.draft_len, offset + len(e.input_ids)))
             plan.entry_sample.append(sample)
+            labels = None
+            if e.readout is not None and e.readout.kind == "labels":  # the next token after its last row
+                labels = len(plan.rows)
+                plan.rows.append(offset + len(e.input_ids) - 1)
+            plan.entry_labels.append(labels)
             offset += len(e.input_ids)
         return plan
 

@@ -50,6 +50,7 @@ from radixrt.worker.kv_tiers import prepare_disk_dir
 from radixrt.worker.logprobs import LogitRows, entry_logprobs
 from radixrt.worker.memory_figures import MemoryFigures
 from radixrt.worker.ranks import Ranks
+from radixrt.worker.readouts import read_outs
 from radixrt.worker.retention_tensors import gather_mass, refusals
 from radixrt.worker.runner_setup import (
     attention_over,
@@ -281,6 +282,7 @@ class ModelRunner:
         logprobs: list[EntryLogprobs | None] = []
         if rows.any_logprobs:
             logprobs = entry_logprobs(entries, rows, logits, ids, failed)
+        readouts = read_outs(entries, hidden, self.model, rows, logits, failed)
         moved = self.tiers.take_times() if self.tiers is not None else []
         errors = [EntryError(i, failed[i]) for i in sorted(failed)]
         next_ids = [t for t in ids if t is not None]  # an entry that failed its sample has none
@@ -288,7 +290,7 @@ class ModelRunner:
         took = time.perf_counter() - start if next_ids or self.device.type != "cuda" else 0.0
         return BatchResult(step=batch.step, next_ids=next_ids, logprobs=logprobs, move_times=moved,
                            forward_seconds=took, errors=errors, page_mass=page_mass, memory=self.memory.due(), disk=disk,
-                           spec=[verdicts[i] for i in sorted(verdicts)])
+                           spec=[verdicts[i] for i in sorted(verdicts)], readouts=readouts)
 
     def _sample(
         self, entries: list[BatchEntry], rows: LogitRows, logits: torch.Tensor, failed: dict[int, str]

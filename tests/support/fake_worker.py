@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import msgspec
+import numpy as np
 
 from radixrt.messages import (
     BatchEntry,
@@ -46,6 +47,15 @@ def reference_generate(prompt: list[int], n: int) -> list[int]:
     for _ in range(n):
         seq.append(reference_next(seq))
     return seq[len(prompt):]
+
+
+def fake_readout(e: BatchEntry, seq: list[int]) -> bytes:
+    """A made-up readout with the real one's shape of work: "mean" the sum of the chunk's token ids
+    (the scheduler divides), "last" / "head" the last token id, "cls" the first, "labels" each label
+    id plus the last token id; float32 bytes."""
+    kind = e.readout.kind
+    values = {"mean": [sum(e.input_ids)], "cls": [seq[0]], "labels": [t + seq[-1] for t in e.readout.label_ids]}
+    return np.array(values.get(kind, [seq[-1]]), dtype=np.float32).tobytes()
 
 
 class FakeWorker:
@@ -122,6 +132,7 @@ class FakeWorker:
         for src, dst in zip(batch.copy_src, batch.copy_dst):
             self.slots[dst] = self.slots[src]
         next_ids, logprobs, errors, masses, spec = [], [], [], [], []
+        readouts = [b""] * len(batch.entries)
         tokens = sum(len(e.input_ids) + e.propose for e in batch.entries)
         for i, e in enumerate(batch.entries):
             if e.init is not None:
@@ -157,8 +168,11 @@ class FakeWorker:
             elif e.sample:
                 next_ids.append(reference_next(seq, length))
             logprobs.append(EntryLogprobs(output=-1.0) if e.logprobs is not None else None)
+            if e.readout is not None:
+                readouts[i] = fake_readout(e, seq)
         page_mass = [[] for _ in batch.entries] if masses else []
         for i in masses:
             page_mass[i] = [float(sum(t or 0 for t in self._page(p))) for p in self.tables[batch.entries[i].slot]]
         return BatchResult(batch.step, next_ids, logprobs if any(logprobs) else [], errors=errors, page_mass=page_mass,
-                           spec=spec, forward_seconds=self.step_seconds(tokens))
+                           spec=spec, forward_seconds=self.step_seconds(tokens),
+                           readouts=readouts if any(e.readout for e in batch.entries) else [])
