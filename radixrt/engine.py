@@ -170,9 +170,14 @@ class Engine:
     def score(self, query: str | list[int], items: str | list[str] | list[list[int]], label_token_ids: list[int],
               apply_softmax: bool = False, item_first: bool = False) -> list[list[float]]:
         """SGLang's Engine.score: per item, the probability of each label token after query + item."""
+        self._refuse_on_embedding_server("score")
         check_in_vocabulary(label_token_ids, self._manager.vocab_size, "label_token_ids")
         states = self._readouts(score_prompts(query, items, item_first), Readout("labels", list(label_token_ids)), True)
         return [label_scores(s, apply_softmax) for s in states]
+
+    def _refuse_on_embedding_server(self, what: str) -> None:
+        if self.server_args.is_embedding:
+            raise RequestError(f"this engine was started with is_embedding: it encodes, it does not {what}")
 
     def _readouts(self, prompts: list[Prompt], readout: Readout, is_batch: bool) -> list[ReqState]:
         self._check_open()
@@ -187,6 +192,7 @@ class Engine:
 
     def _input(self, call: GenerateArgs) -> GenerateInput:
         self._check_open()
+        self._refuse_on_embedding_server("generate")
         gen = GenerateInput.build(
             self.server_args.max_n, text=call.prompt, input_ids=call.input_ids, sampling_params=call.sampling_params,
             rid=call.rid, return_logprob=call.return_logprob, logprob_start_len=call.logprob_start_len,
