@@ -182,7 +182,8 @@ class Engine:
     def _readouts(self, prompts: list[Prompt], readout: Readout, is_batch: bool) -> list[ReqState]:
         self._check_open()
         updates: queue.SimpleQueue[None] = queue.SimpleQueue()
-        states = self._manager.submit_all(readout_input(prompts, readout, is_batch=is_batch), lambda: updates.put(None))
+        states = self._manager.submit_all(readout_input(prompts, readout, is_batch=is_batch), lambda: updates.put(None),
+                                          share_prefix=readout.kind not in ("mean", "cls"))
         while not all(s.done for s in states):
             updates.get()
         for s in states:

@@ -114,7 +114,15 @@ def test_scores_equal_transformers_label_probabilities(server, llama_path):
     q_ids, i_ids = tok.encode(query), [tok.encode(i) for i in items]
     by_ids = post(server, "/v1/score", {"query": q_ids, "items": i_ids, "label_token_ids": labels})
     np.testing.assert_allclose(by_ids["scores"][1], label_probs(llama_path, q_ids + i_ids[1], labels), rtol=1e-4, atol=1e-9)
-    assert by_ids["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(q_ids) - 1  # the query's prefix, reused
+
+
+def test_the_items_of_one_score_call_share_the_querys_prefix(server, llama_path):
+    query, items = corpus_prompts(llama_path, [48, 5, 6, 7], seed=391)[0], corpus_prompts(llama_path, [5, 6, 7], seed=392)
+    got = post(server, "/v1/score", {"query": query, "items": items, "label_token_ids": [3]})
+    # prefilled once before the items (they would all compute it in one step otherwise): each item reuses it
+    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(items) * (len(query) - SERVER_PAGE_SIZE)
+    for item, scores in zip(items, got["scores"]):
+        np.testing.assert_allclose(scores, label_probs(llama_path, query + item, [3]), rtol=1e-4, atol=1e-9)
 
 
 def test_an_embedding_reuses_the_prefix_a_chat_computed(server, llama_path):

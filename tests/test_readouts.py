@@ -22,6 +22,7 @@ from radixrt.frontend.readout_calls import (
     encode_vector,
     label_scores,
     score_prompts,
+    shared_prefix_len,
 )
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.rerank import is_reranker_template, ranked, relevance
@@ -139,6 +140,8 @@ def test_inputs_and_answers():
     assert embedding_prompts([[1], [2, 3]]) == ([(None, [1]), (None, [2, 3])], True)
     with pytest.raises(RequestError, match="not a mix"):
         embedding_prompts(["a", 1])
+    assert shared_prefix_len([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3]], 2) == 3
+    assert shared_prefix_len([[1, 2, 3, 4], [1, 2, 3, 5]], 4) == 0 and shared_prefix_len([[1, 2, 3]], 1) == 0
     assert score_prompts("q", ["a", "b"], False) == [("qa", None), ("qb", None)]
     assert score_prompts([1], [[2], [3]], True) == [(None, [2, 1]), (None, [3, 1])]
     with pytest.raises(RequestError):

@@ -20,6 +20,9 @@ from radixrt.sampling_params import SamplingParams
 
 Prompt = tuple[str | None, list[int] | None]  # (text, token ids): exactly one is given
 ENCODING_FORMATS = ("float", "base64")
+# A call's prompts sharing at least this many leading tokens have them prefilled once, first
+# (TokenizerManager.submit_all_async's share_prefix): a score's query, a reranker's template and query
+SHARED_PREFIX_MIN_TOKENS = 16
 
 
 def readout_input(prompts: list[Prompt], readout: Readout, *, is_batch: bool, rid: Any = None,
@@ -37,6 +40,16 @@ def readout_input(prompts: list[Prompt], readout: Readout, *, is_batch: bool, ri
                           log_metrics=log_metrics, priority=priority, readout=readout)
              for (text, ids), r in zip(prompts, rids)]
     return GenerateInput(items, is_batch)
+
+
+def shared_prefix_len(ids: list[list[int]], at_least: int) -> int:
+    """The leading tokens every one of several prompts has (0 for one prompt, or fewer than at_least)."""
+    if len(ids) < 2:
+        return 0
+    first, n = ids[0], min(len(i) for i in ids)
+    for other in ids[1:]:
+        n = next((k for k in range(n) if other[k] != first[k]), n)
+    return n if n >= at_least else 0
 
 
 def encode_prompts(text: Any, input_ids: Any) -> tuple[list[Prompt], bool]:

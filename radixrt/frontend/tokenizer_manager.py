@@ -36,6 +36,7 @@ from radixrt.frontend.detokenizer import IncrementalDetokenizer
 from radixrt.frontend.generate_input import GenerateInput, GenerateItem
 from radixrt.frontend.intake import Intake, PreparedReq, logprob_start
 from radixrt.frontend.lora_door import LoraDoor
+from radixrt.frontend.readout_calls import SHARED_PREFIX_MIN_TOKENS, shared_prefix_len
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.sampling_defaults import model_sampling_defaults
 from radixrt.frontend.weights import ServedWeights, UpdateWeightsResult
@@ -161,16 +162,41 @@ class TokenizerManager:
         retention = self.intake.retention.resolve(sampling.kv_retention)
         return self.submit_prepared([PreparedReq(list(ids), item, start, retention=retention)], notify)[0]
 
-    def submit_all(self, gen: GenerateInput, notify: Callable[[], None]) -> list[ReqState]:
-        """Validate every item, then send them all (nothing is sent if one is bad)."""
+    def submit_all(self, gen: GenerateInput, notify: Callable[[], None], share_prefix: bool = False) -> list[ReqState]:
+        """Validate every item, then send them all (nothing is sent if one is bad); share_prefix:
+        as submit_all_async's."""
         self.lora.check(gen)
-        return self.submit_prepared(self.intake.prepare(gen), notify)
+        prepared = self.intake.prepare(gen)
+        if (prefix := self._shared_prefix(prepared)) is not None and share_prefix:
+            updated: queue.SimpleQueue[None] = queue.SimpleQueue()
+            [state] = self.submit_prepared([prefix], lambda: updated.put(None))
+            while not state.done:
+                updated.get()
+        return self.submit_prepared(prepared, notify)
 
-    async def submit_all_async(self, gen: GenerateInput, notify: Callable[[], None]) -> list[ReqState]:
-        """submit_all with the tokenizing done in the thread pool, off the event loop."""
+    async def submit_all_async(self, gen: GenerateInput, notify: Callable[[], None],
+                               share_prefix: bool = False) -> list[ReqState]:
+        """submit_all with the tokenizing done in the thread pool, off the event loop. share_prefix:
+        when the call's prompts share a long prefix, it is prefilled alone first (awaited), so that
+        all of them find it in the radix cache instead of each computing it in the same step."""
         self.lora.check(gen)
         prepared = await asyncio.get_running_loop().run_in_executor(self._pool, self.intake.prepare, gen)
+        if (prefix := self._shared_prefix(prepared)) is not None and share_prefix:
+            loop, updated = asyncio.get_running_loop(), asyncio.Event()
+            [state] = self.submit_prepared([prefix], lambda: loop.call_soon_threadsafe(updated.set))
+            while not state.done:
+                await updated.wait()
+                updated.clear()
         return self.submit_prepared(prepared, notify)
+
+    def _shared_prefix(self, prepared: list[PreparedReq]) -> PreparedReq | None:
+        """A prefill-only request of the call's shared prefix, when it is long enough to be worth one."""
+        n = shared_prefix_len([p.ids for p in prepared], max(SHARED_PREFIX_MIN_TOKENS, self.args.page_size))
+        if not n:
+            return None
+        first = prepared[0]
+        item = dataclasses.replace(first.item, rid=None, readout=None, log_metrics=False)
+        return PreparedReq(first.ids[:n], item, -1, retention=first.retention)
 
     async def run_off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run other heavy input work (a chat template) in the tokenizing pool."""

@@ -128,12 +128,13 @@ class Submission:
         self._aborted = False
 
     @classmethod
-    async def start(cls, ctx: ServerContext, gen: GenerateInput) -> Submission:
+    async def start(cls, ctx: ServerContext, gen: GenerateInput, share_prefix: bool = False) -> Submission:
         why = ctx.unavailable()
         if why:
             raise ApiError(503, f"the server cannot take requests: {why}", type="server_error")
         sub, loop = cls(ctx), asyncio.get_running_loop()
-        sub.states = await ctx.manager.submit_all_async(gen, lambda: loop.call_soon_threadsafe(sub.updates.put_nowait, None))
+        sub.states = await ctx.manager.submit_all_async(gen, lambda: loop.call_soon_threadsafe(sub.updates.put_nowait, None),
+                                                        share_prefix)
         return sub
 
     async def wait(self, request: Request) -> bool:

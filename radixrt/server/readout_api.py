@@ -185,7 +185,8 @@ async def _run(ctx: ServerContext, request: Request, prompts: list[Prompt], read
     tenant: TenantSpec | None = getattr(request.state, "tenant", None)
     if tenant is not None:
         gen = gen.for_tenant(tenant.tenant, tenant.share_cache)
-    sub = await Submission.start(ctx, gen)
+    # a score's query, a reranker's template: prefilled once first, unless every row is needed anyway
+    sub = await Submission.start(ctx, gen, share_prefix=readout.kind not in ("mean", "cls"))
     if not await sub.wait(request):
         raise counted(ctx, ApiError(499, "client closed the request", cause="client_closed"))
     sub.check()
