@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import zmq
 
@@ -50,6 +51,20 @@ if TYPE_CHECKING:  # run_scheduler imports it inside its start-up error handling
 GRAMMAR_POLL_MS = 5  # how often a scheduler with only compiling grammars looks for them
 
 
+def load_scheduler_tokenizer(path: str) -> Any:
+    """The tokenizer the scheduler decodes stop strings with and re-encodes jump-forward text
+    with: the checkpoint's tokenizer.json through PreTrainedTokenizerFast where there is one
+    (under a second, and no torch import), else AutoTokenizer (seconds more on every start, on
+    a core the starting worker needs). Both give the same ids and text (tests/test_scheduler_tokenizer.py)."""
+    if os.path.isfile(os.path.join(path, "tokenizer.json")):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
 def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[], WorkerReady], parent_pid: int) -> None:
     """The scheduler's loop. workers_ready blocks until the launcher passes on the ranks' WorkerReady:
     the imports and the tokenizer load first, while the ranks start."""
@@ -57,11 +72,9 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
     ctx = zmq.Context()
     ready: Sender[ReadyMsg] = Sender(ctx, addrs.ready)
     try:
-        from transformers import AutoTokenizer
-
         from radixrt.scheduler.scheduler import Scheduler
 
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+        tokenizer = load_scheduler_tokenizer(args.tokenizer_path or args.model_path)
     except Exception as e:
         startup_failed(ready, "scheduler", e)
     worker = workers_ready()
