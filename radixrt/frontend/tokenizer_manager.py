@@ -63,6 +63,7 @@ from radixrt.pooling import load_pooler
 from radixrt.retention.rules import RetentionRules
 from radixrt.sampling_params import SamplingParams
 from radixrt.utils.checkpoint_meta import incompatibility
+from radixrt.utils.fast_tokenizer import load_tokenizer_files
 from radixrt.utils.procs import Addresses
 
 logger = logging.getLogger(__name__)
@@ -70,10 +71,8 @@ TOKENIZE_THREADS = 4
 
 
 def load_tokenizer(args: ServerArgs) -> Any:
-    """The served checkpoint's tokenizer (seconds: transformers' imports and the vocabulary)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+    """The served checkpoint's tokenizer (utils/fast_tokenizer.py: under a second from a tokenizer.json)."""
+    return load_tokenizer_files(args.tokenizer_path or args.model_path)
 
 
 class BackendDied(RuntimeError):

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import zmq
 
@@ -43,26 +42,13 @@ from radixrt.messages import (
     WorkerToScheduler,
 )
 from radixrt.scheduler.step import step
+from radixrt.utils.fast_tokenizer import load_tokenizer_files
 from radixrt.utils.procs import Addresses, configure_child, startup_failed
 
 if TYPE_CHECKING:  # run_scheduler imports it inside its start-up error handling
     from radixrt.scheduler.scheduler import Scheduler
 
 GRAMMAR_POLL_MS = 5  # how often a scheduler with only compiling grammars looks for them
-
-
-def load_scheduler_tokenizer(path: str) -> Any:
-    """The tokenizer the scheduler decodes stop strings with and re-encodes jump-forward text
-    with: the checkpoint's tokenizer.json through PreTrainedTokenizerFast where there is one
-    (under a second, and no torch import), else AutoTokenizer (seconds more on every start, on
-    a core the starting worker needs). Both give the same ids and text (tests/test_scheduler_tokenizer.py)."""
-    if os.path.isfile(os.path.join(path, "tokenizer.json")):
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(path)
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
 
 
 def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[], WorkerReady], parent_pid: int) -> None:
@@ -74,7 +60,7 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
     try:
         from radixrt.scheduler.scheduler import Scheduler
 
-        tokenizer = load_scheduler_tokenizer(args.tokenizer_path or args.model_path)
+        tokenizer = load_tokenizer_files(args.tokenizer_path or args.model_path)
     except Exception as e:
         startup_failed(ready, "scheduler", e)
     worker = workers_ready()
