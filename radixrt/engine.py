@@ -183,7 +183,7 @@ class Engine:
         self._check_open()
         updates: queue.SimpleQueue[None] = queue.SimpleQueue()
         states = self._manager.submit_all(readout_input(prompts, readout, is_batch=is_batch), lambda: updates.put(None),
-                                          share_prefix=readout.kind not in ("mean", "cls"))
+                                          share_prefix=not readout.whole_prompt)
         while not all(s.done for s in states):
             updates.get()
         for s in states:

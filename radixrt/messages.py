@@ -36,9 +36,11 @@ class Readout(msgspec.Struct, array_like=True, frozen=True):
     kind: str
     label_ids: list[int] = []
 
-
-READOUT_KINDS = ("last", "mean", "cls", "labels", "head")
-POOLING_KINDS = ("last", "mean", "cls")  # the readouts that are embeddings
+    @property
+    def whole_prompt(self) -> bool:
+        """It needs rows a cached prefix does not keep (the cache holds KV, not hidden states):
+        every row's for "mean", the first's for "cls". The others read the last row only."""
+        return self.kind in ("mean", "cls")
 
 
 class TokenizedRequest(msgspec.Struct, tag=True):

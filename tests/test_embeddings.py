@@ -174,7 +174,6 @@ def st_server(st_model) -> Iterator[str]:
 
 
 def test_mean_pooling_over_chunks_equals_transformers(st_server, st_model):
-    tok = tokenizer(st_model)
     prompts = corpus_prompts(st_model, [90, 7], seed=5)  # 90 tokens: three 32-token chunks
     got = post(st_server, "/v1/embeddings", {"input": prompts})
     for ids, d in zip(prompts, got["data"]):
@@ -185,7 +184,6 @@ def test_mean_pooling_over_chunks_equals_transformers(st_server, st_model):
     want = normalized(hidden(st_model, prompts[0]).mean(0)[: MATRYOSHKA_DIMENSIONS[0]])
     np.testing.assert_allclose(cut["data"][0]["embedding"], want, atol=TOL)
     assert post(st_server, "/v1/embeddings", {"input": "x", "dimensions": 20}, 400)["error"]["param"] == "dimensions"
-    assert tok.encode("yes", add_special_tokens=False) != tok.encode("no", add_special_tokens=False)
 
 
 def test_rerank_orders_documents_as_transformers_scores(st_server, st_model):

@@ -82,7 +82,7 @@ def embedding_prompts(value: Any) -> tuple[list[Prompt], bool]:
 def embedding(state: ReqState, pooler: Pooler, dimensions: int | None) -> np.ndarray:
     """The request's pooled vector, cut to `dimensions` and then normalized where the model's
     pooling normalizes (SGLang's order)."""
-    vec = _values(state)
+    vec = readout_values(state)
     if dimensions is not None:
         vec = vec[:dimensions]
     if pooler.normalize:
@@ -131,14 +131,15 @@ def score_prompts(query: Any, items: Any, item_first: bool) -> list[Prompt]:
 def label_scores(state: ReqState, apply_softmax: bool) -> list[float]:
     """The label tokens' probabilities after the prompt; with apply_softmax, renormalized over the
     labels alone (SGLang's: a softmax over their logprobs)."""
-    logp = _values(state).astype(np.float64)
+    logp = readout_values(state).astype(np.float64)
     if apply_softmax:
         e = np.exp(logp - logp.max())
         return (e / e.sum()).tolist()
     return np.exp(logp).tolist()
 
 
-def _values(state: ReqState) -> np.ndarray:
+def readout_values(state: ReqState) -> np.ndarray:
+    """A finished request's readout, as float32 values."""
     if state.readout is None:
         raise RuntimeError(f"request {state.rid} finished without its readout")
     return np.frombuffer(state.readout, dtype=np.float32)

@@ -22,7 +22,7 @@ def is_reranker_template(template: str | None) -> bool:
     if not template:
         return False
     t = template.lower()
-    return 'answer can only be "yes" or "no"' in t or ("answer can only be" in t and '"yes"' in t and '"no"' in t)
+    return "answer can only be" in t and '"yes"' in t and '"no"' in t
 
 
 def content_text(content: Any, field: str) -> str:

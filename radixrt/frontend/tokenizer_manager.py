@@ -166,7 +166,7 @@ class TokenizerManager:
         as submit_all_async's."""
         self.lora.check(gen)
         prepared = self.intake.prepare(gen)
-        if (prefix := self._shared_prefix(prepared)) is not None and share_prefix:
+        if share_prefix and (prefix := self._shared_prefix(prepared)) is not None:
             updated: queue.SimpleQueue[None] = queue.SimpleQueue()
             [state] = self.submit_prepared([prefix], lambda: updated.put(None))
             while not state.done:
@@ -180,7 +180,7 @@ class TokenizerManager:
         all of them find it in the radix cache instead of each computing it in the same step."""
         self.lora.check(gen)
         prepared = await asyncio.get_running_loop().run_in_executor(self._pool, self.intake.prepare, gen)
-        if (prefix := self._shared_prefix(prepared)) is not None and share_prefix:
+        if share_prefix and (prefix := self._shared_prefix(prepared)) is not None:
             loop, updated = asyncio.get_running_loop(), asyncio.Event()
             [state] = self.submit_prepared([prefix], lambda: loop.call_soon_threadsafe(updated.set))
             while not state.done:

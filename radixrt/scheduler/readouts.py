@@ -20,11 +20,11 @@ from radixrt.scheduler.req import Req
 def chunk_readout(r: Req, start: int, n: int) -> Readout | None:
     """What r's entry running tokens [start, start + n) reads out, if anything."""
     ro = r.readout
-    if ro is None:
-        return None
-    if ro.kind == "mean" or (ro.kind == "cls" and start == 0):
+    if ro is None or ro.kind == "mean":
         return ro
-    return ro if start + n == r.seq_len and ro.kind != "cls" else None
+    if ro.kind == "cls":
+        return ro if start == 0 else None
+    return ro if start + n == r.seq_len else None
 
 
 def collect_readout(r: Req, data: bytes, start: int) -> None:

@@ -114,7 +114,7 @@ class Req:
         limit = self.seq_len - 1
         if self.wants_prompt_logprobs:
             limit = min(limit, max(self.logprob_start_len, 1) - 1)
-        if self.readout is not None and self.readout.kind in ("mean", "cls"):  # every row's hidden state, or the first's
+        if self.readout is not None and self.readout.whole_prompt:
             limit = 0
         if self.retention is not None:  # leave the first step a page to fill before any drop
             limit = min(limit, self.retention.max_tokens - self.retention.page_size)

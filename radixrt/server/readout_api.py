@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
@@ -25,6 +24,7 @@ from radixrt.frontend.readout_calls import (
     label_scores,
     readout_input,
     readout_meta,
+    readout_values,
     score_prompts,
 )
 from radixrt.frontend.req_state import ReqState
@@ -132,7 +132,8 @@ async def _rerank_scores(ctx: ServerContext, request: Request, query: str, docs:
         states = await _run(ctx, request, prompts, Readout("labels", [yes, no]), True)
         return [relevance(*label_scores(s, False)) for s in states], None
     if ctx.manager.pooler.head_labels:
-        states = await _run(ctx, request, _pairs(ctx, [[query, d] for d in docs]), Readout("head"), True)
+        pairs = await ctx.manager.run_off_loop(_pairs, ctx, [[query, d] for d in docs])
+        states = await _run(ctx, request, pairs, Readout("head"), True)
         return [_head_score(s) for s in states], [readout_meta(s) for s in states]
     raise ApiError(400, "this model cannot rerank: it has neither a reranker chat template (one asking for \"yes\" or "
                         "\"no\", as Qwen3-Reranker's; --chat-template sets one) nor a classification head "
@@ -147,8 +148,9 @@ async def _cross_encode(ctx: ServerContext, request: Request, body: EncodeReques
     text = body.text
     if not isinstance(text, list) or not text or not all(isinstance(p, list) and len(p) == 2 for p in text):
         raise ApiError(400, "a cross-encoder request's text is a list of [query, document] pairs", param="text")
-    states = await _run(ctx, request, _pairs(ctx, text), Readout("head"), True, body.rid, body.priority)
-    return json_response([{"embedding": _head_values(s), "meta_info": readout_meta(s)} for s in states])
+    pairs = await ctx.manager.run_off_loop(_pairs, ctx, text)
+    states = await _run(ctx, request, pairs, Readout("head"), True, body.rid, body.priority)
+    return json_response([{"embedding": readout_values(s).tolist(), "meta_info": readout_meta(s)} for s in states])
 
 
 def _pairs(ctx: ServerContext, pairs: list[list[str]]) -> list[Prompt]:
@@ -157,12 +159,8 @@ def _pairs(ctx: ServerContext, pairs: list[list[str]]) -> list[Prompt]:
     return [(None, list(tok(q, d, add_special_tokens=True)["input_ids"])) for q, d in pairs]
 
 
-def _head_values(s: ReqState) -> list[float]:
-    return np.frombuffer(s.readout or b"", np.float32).tolist()
-
-
 def _head_score(s: ReqState) -> float:
-    return float(_head_values(s)[0])  # SGLang's: a reranker head's first output (its activation: identity)
+    return float(readout_values(s)[0])  # SGLang's: a reranker head's first output (its activation: identity)
 
 
 async def _embed(ctx: ServerContext, request: Request, prompts: list[Prompt], is_batch: bool, dimensions: int | None,
@@ -186,7 +184,7 @@ async def _run(ctx: ServerContext, request: Request, prompts: list[Prompt], read
     if tenant is not None:
         gen = gen.for_tenant(tenant.tenant, tenant.share_cache)
     # a score's query, a reranker's template: prefilled once first, unless every row is needed anyway
-    sub = await Submission.start(ctx, gen, share_prefix=readout.kind not in ("mean", "cls"))
+    sub = await Submission.start(ctx, gen, share_prefix=not readout.whole_prompt)
     if not await sub.wait(request):
         raise counted(ctx, ApiError(499, "client closed the request", cause="client_closed"))
     sub.check()

@@ -21,17 +21,23 @@ def read_outs(entries: list[BatchEntry], hidden: torch.Tensor, model: torch.nn.M
     hidden: [T, hidden] the step's final hidden states before the norm; logits: rows.rows' logits."""
     if not any(e.readout is not None for e in entries):
         return []
-    out = [b""] * len(entries)
     pooled = _pooled(entries, hidden, model, failed)
+    values: dict[int, torch.Tensor] = {}  # entry index -> its values, on the device
     for i, e in enumerate(entries):
         if e.readout is None or i in failed:
             continue
         if e.readout.kind == "labels":
-            row = rows.entry_labels[i]
             ids = torch.tensor(e.readout.label_ids, dtype=torch.int64, device=logits.device)
-            out[i] = _bytes(torch.log_softmax(logits[row], dim=-1)[ids])
+            values[i] = torch.log_softmax(logits[rows.entry_labels[i]], dim=-1)[ids]
         else:
-            out[i] = _bytes(pooled[i])
+            values[i] = pooled[i]
+    if not values:
+        return [b""] * len(entries)
+    flat = torch.cat([v.float() for v in values.values()]).cpu().numpy()  # one copy to the host for the step
+    out, at = [b""] * len(entries), 0
+    for i, v in values.items():
+        out[i] = flat[at : at + v.numel()].tobytes()
+        at += v.numel()
     return out
 
 
@@ -67,7 +73,3 @@ def _pooled(entries: list[BatchEntry], hidden: torch.Tensor, model: torch.nn.Mod
         scores = model.classify(sums[torch.tensor(head, dtype=torch.int64, device=dev)])  # [H, num_labels]
         out.update((members[k], s) for k, s in zip(head, scores))
     return out
-
-
-def _bytes(t: torch.Tensor) -> bytes:
-    return t.detach().float().cpu().numpy().tobytes()
