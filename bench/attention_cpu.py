@@ -12,8 +12,9 @@ Candidates (each returns [B, heads, head_dim]):
   native-ISA  the compiled kernel (radixrt/kernels/csrc/paged_attention.c) reading the pool in place,
               row by row from each request's pages, no gathered copy, once per variant this
               CPU runs (native-avx512, native-avx2, native-scalar; radixrt/kernels/native_build.py).
-              TorchBackend runs the best of them (`chosen`) where it builds, the torch path
-              (`grouped`) where it does not
+              TorchBackend runs the one its start-up measurement picks for decodes (`chosen`,
+              radixrt/kernels/kernel_choice.py) where it builds, the torch path (`grouped`) where
+              it does not; each variant's time over the chosen one's is printed beside it
 Sweeps one axis at a time around a base point (batch 64, 600 KV tokens, head_dim 64, GQA
 group 3 with 4 KV heads, page size 16, bf16), plus batch x KV length for both dtypes.
 Runs under the allocator a CPU worker starts with (radixrt/launch/worker_env.py).
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -41,7 +43,8 @@ from common import RESULTS, write_result
 from peaks import copy_gbps, host, run_as_worker
 from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache
 from radixrt.kernels.decode_attention import attend, group_queries
-from radixrt.kernels.native_build import chosen_isa, runnable_isas
+from radixrt.kernels.kernel_choice import Shape, choose_kernels
+from radixrt.kernels.native_build import runnable_isas
 from radixrt.kernels.native_attention import NativeAttention, build_variant
 from radixrt.kernels.torch_backend import TorchBackend
 
@@ -80,7 +83,9 @@ class Setup:
         self.scale = c.head_dim**-0.5
         # every variant this CPU runs whose vectors divide head_dim, best first; raises if one cannot build
         self.kernels = {f"native-{isa.name}": build_variant(isa) for isa in runnable_isas() if c.head_dim % isa.lanes == 0}
-        self.chosen = f"native-{chosen_isa(c.head_dim).name}"  # the one TorchBackend runs
+        # the one TorchBackend runs for decodes: measured at start (kernel_choice.py), or forced
+        shape = Shape(self.heads, KV_HEADS, c.head_dim, c.page_size, dtype)
+        self.chosen = f"native-{choose_kernels(shape).decode.isa.name}"
         # K and V of every request, as one layer's decode reads them
         self.kv_bytes = 2 * c.batch * c.kv_len * KV_HEADS * c.head_dim * self.cache.k[0].element_size()
 
@@ -133,13 +138,20 @@ TORCH_CANDIDATES = ("sdpa", "sdpa_f32", "grouped", "pages")
 
 def median_ms(fns: dict, budget_s: float) -> dict[str, float]:
     """name -> median ms of fns[name](), the candidates timed in turn, round after round: at least
-    3 rounds, then until budget_s per candidate is spent (20 at most). Call each once before."""
+    3 rounds, then until budget_s per candidate is spent (20 at most). Call each once before. Each
+    round times them in a new (seeded) order: a candidate timed right after another that read the
+    same pool finds it in the last-level cache, so a fixed order favoured the second of two kernel
+    variants (on a Xeon with a large L3 all 12 cases ranked avx512bf16, always timed right after a
+    torch candidate, behind avx512, timed after it, running the very same code)."""
     times: dict[str, list[float]] = {name: [] for name in fns}
+    names, order = list(fns), random.Random(0)
     start = time.perf_counter()
     for r in range(20):
         if r >= 3 and time.perf_counter() - start > budget_s * len(fns):
             break
-        for name, fn in fns.items():
+        order.shuffle(names)
+        for name in names:
+            fn = fns[name]
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
@@ -158,7 +170,9 @@ def run_case(c: Case, budget_s: float, copy: float) -> dict:
     row["copy_share"] = {name: gbps / copy for name, gbps in row["gbps"].items()}
     row["speedup"] = row["sdpa"] / row[s.chosen]
     row["speedup_torch_path"] = row["sdpa"] / row["grouped"]
-    natives = "  ".join(f"{n} {row[n]:6.3f} ({row['gbps'][n]:5.1f} GB/s {100 * row['copy_share'][n]:3.0f}%)" for n in s.kernels)
+    row["over_chosen"] = {n: row[n] / row[s.chosen] for n in s.kernels}  # each variant's time over the chosen one's
+    natives = "  ".join(f"{n} {row[n]:6.3f} ({row['gbps'][n]:5.1f} GB/s {100 * row['copy_share'][n]:3.0f}%, "
+                        f"{row['over_chosen'][n]:.2f}x)" for n in s.kernels)
     print(f"{c.dtype:8} B={c.batch:3} kv={c.kv_len:4} D={c.head_dim:3} g={c.group} ps={c.page_size:2}  "
           + "  ".join(f"{n} {row[n]:7.2f}" for n in TORCH_CANDIDATES) + f"  {natives}"
           + f"  sdpa/chosen {row['speedup']:5.2f}x  sdpa/grouped {row['speedup_torch_path']:5.2f}x", flush=True)  # fmt: skip
@@ -221,6 +235,8 @@ def summarize(measured: list[dict]) -> None:
         print(f"{n} share of the copy bandwidth: {spread(shares, '{:.0f}%')}")
     fastest = [min(r["gbps"], key=r.get) for r in measured]
     print("fastest candidate per case: " + ", ".join(f"{n} {fastest.count(n)}" for n in names))
+    for n in (n for n in names if n.startswith("native-")):
+        print(f"{n} time over the chosen variant's: {spread([r['over_chosen'][n] for r in measured], '{:.2f}x')}")
 
 
 def main() -> None:

@@ -509,6 +509,9 @@ class WorkerReady(msgspec.Struct, tag=True):
     weight_packing_reason: str = ""
     weight_quantization: str = ""  # "none", "w8a8_int8", "int8wo" or "fp8" (models/checkpoint_quant.py), and why
     weight_quantization_reason: str = ""
+    # the attention kernel of each shape class (decode, extend, cascade: kernels/kernel_choice.py), and why
+    attention_kernels: dict[str, str] = {}
+    attention_kernels_reason: str = ""
 
 
 class SchedulerReady(msgspec.Struct, tag=True):

@@ -17,7 +17,7 @@ import random
 import pytest
 import torch
 from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache
-from radixrt.kernels import native_attention
+from radixrt.kernels import kernel_choice
 from radixrt.kernels.native_build import ISA_ENV, ISAS
 from radixrt.kernels.decode_attention import attend, merge
 from radixrt.kernels.torch_backend import TorchBackend
@@ -85,7 +85,7 @@ def test_decode_batch_matches_naive(path, kv_dtype, dtype, page_size, group, hea
     # the kernel reads each request's own length in one call; the torch path pads, in length groups
     assert len(backend.layer_plans[0].decodes) == 1 if native else len(backend.layer_plans[0].decodes) >= 3
     if native:
-        assert backend.native.isa.name == path.removeprefix("native-")
+        assert set(backend.kernels.names().values()) == {path.removeprefix("native-")}
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     for layer in range(layers):
         q = torch.randn(len(KV_LENS), heads, head_dim).to(dtype)
@@ -119,7 +119,7 @@ def test_quantized_pools_take_the_torch_path():
     """int8 and fp8 pools dequantize through PagedKVCache.read; the kernel does not serve them."""
     for kv_dtype in ("int8", "fp8_e4m3"):
         cache = PagedKVCache(1, 4, 16, KV_HEADS, 64, torch.bfloat16, torch.device("cpu"), kv_dtype)
-        assert TorchBackend(cache, 2 * KV_HEADS, 64, [LayerAttention(0.125)]).native is None
+        assert TorchBackend(cache, 2 * KV_HEADS, 64, [LayerAttention(0.125)]).kernels is None
         with pytest.raises(RuntimeError, match="unavailable"):
             TorchBackend(cache, 2 * KV_HEADS, 64, [LayerAttention(0.125)], native=True)
 
@@ -134,12 +134,12 @@ def test_a_kernel_that_cannot_build_leaves_the_torch_path_and_says_why(tmp_path)
         "from radixrt.kernels import LayerAttention, PagedKVCache\n"
         "from radixrt.kernels.torch_backend import TorchBackend\n"
         "cache = PagedKVCache(1, 4, 16, 2, 64, torch.float32, torch.device('cpu'))\n"
-        "assert TorchBackend(cache, 4, 64, [LayerAttention(0.125)]).native is None\n"
+        "assert TorchBackend(cache, 4, 64, [LayerAttention(0.125)]).kernels is None\n"
     )
     env = {"PATH": "/usr/bin:/bin", "CC": str(tmp_path / "no-such-cc"), "XDG_CACHE_HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "compiled kernel is unavailable" in done.stderr and "using the torch path" in done.stderr
+    assert "variant is unavailable" in done.stderr and "using the torch path" in done.stderr
 
 
 def test_the_kernel_variant_follows_the_cpu_and_the_override(monkeypatch):
@@ -165,7 +165,7 @@ def test_the_kernel_variant_follows_the_cpu_and_the_override(monkeypatch):
             native_build.chosen_isa(64)
         m.setenv(ISA_ENV, "avx2")
         with pytest.raises(ValueError, match="multiple of 8"):
-            native_attention.load_native_attention(36)
+            kernel_choice.choose_kernels(kernel_choice.Shape(4, 2, 36, 16, torch.bfloat16))
         m.setenv(ISA_ENV, "Scalar")
         assert native_build.chosen_isa(64).name == "scalar"
     monkeypatch.setattr(native_build, "cpu_flags", lambda: None)  # no flags to read: plain C only

@@ -69,6 +69,9 @@ def test_a_pool_a_third_of_the_need_retracts_and_matches_transformers(llama_path
         res = e.generate(input_ids=prompts, sampling_params={"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True})
         info = e.get_server_info()
         assert info["retractions"] > 0
+        # which compiled attention variant serves each shape class, and why (kernels/kernel_choice.py)
+        assert set(info["attention_kernels"]) == {"decode", "extend", "cascade"}, info["attention_kernels_reason"]
+        assert info["attention_kernels_reason"]
         assert_no_page_leak(e)
     for ids, r in zip(prompts, res):
         assert r["output_ids"] == hf_greedy(llama_path, ids, max_new)[: len(r["output_ids"])]

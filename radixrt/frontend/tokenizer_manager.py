@@ -122,6 +122,7 @@ class TokenizerManager:
             "weight_packing": worker.weight_packing, "weight_packing_reason": worker.weight_packing_reason,
             "weight_quantization": worker.weight_quantization,
             "weight_quantization_reason": worker.weight_quantization_reason,
+            "attention_kernels": worker.attention_kernels, "attention_kernels_reason": worker.attention_kernels_reason,
         }
         # checks and tokenizes every call before any of it is sent
         self.intake = Intake(args, self.tokenizer, worker.context_length, worker.vocab_size, worker.eos_ids,

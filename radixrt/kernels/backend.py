@@ -110,6 +110,11 @@ class AttentionBackend(ABC):
         Writes k, v into the cache at meta.out_slots first (mutates the cache).
         """
 
+    def kernels_info(self) -> tuple[dict[str, str], str]:
+        """Which kernel serves each shape class (decode, extend, cascade) and why, for the log and
+        /get_server_info; ({}, why) where one path serves all."""
+        return {}, f"{type(self).__name__}'s own kernels"
+
     def take_page_mass(self) -> list[torch.Tensor]:
         """The attention mass each KV page of the step's mass requests received.
 

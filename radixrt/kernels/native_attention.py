@@ -2,8 +2,8 @@
 
 Decodes, prefill chunks over a cached prefix and a cascade's shared prefix, the pool read
 in place. One C source, built per instruction set by native_build.py (AVX-512, AVX2,
-scalar: every variant builds on any x86 machine), the best variant this CPU runs chosen at load time,
-or the one RADIXRT_CPU_KERNEL_ISA names. Plain C through ctypes, not a torch extension:
+scalar: every variant builds on any x86 machine); which variant serves each kind of call is
+kernel_choice.py's measurement, or the one RADIXRT_CPU_KERNEL_ISA names. Plain C through ctypes, not a torch extension:
 no torch headers to compile (a build takes about a second) and nothing for the user to
 install. Where it cannot build, the caller keeps the torch path (decode_attention.py)
 and the log says why, once.
@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from pathlib import Path
 
 import torch
 
-from radixrt.kernels.native_build import Isa, build, chosen_isa
-
-logger = logging.getLogger(__name__)
+from radixrt.kernels.native_build import Isa, build
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
 KINDS = {torch.float32: 0, torch.bfloat16: 1}  # pool dtype -> the kernel's `kind`
@@ -36,7 +33,7 @@ class NativeAttention:
     """The loaded kernel. Call it as `attend` is called, on the pool itself instead of a gather."""
 
     def __init__(self, lib: Path, isa: Isa) -> None:
-        self.isa = isa
+        self.isa, self.lib = isa, lib
         self._fn = getattr(ctypes.CDLL(str(lib)), f"radixrt_paged_attention_{isa.name}")
         self._fn.restype = ctypes.c_int
         p, i = ctypes.c_void_p, ctypes.c_int
@@ -90,16 +87,3 @@ def build_variant(isa: Isa) -> NativeAttention:
     """The kernel built for `isa` (whether or not this CPU can run it: callers check). Raises
     RuntimeError (OSError from the loader) saying why it cannot be had."""
     return NativeAttention(build(SOURCE, isa), isa)
-
-
-def load_native_attention(head_dim: int) -> NativeAttention | None:
-    """The variant to run for head_dim (native_build.chosen_isa: a forced one that cannot serve
-    raises ValueError), built if needed; None (logged, with the reason) where it cannot be built."""
-    isa = chosen_isa(head_dim)
-    try:
-        kernel = build_variant(isa)
-    except (OSError, RuntimeError) as e:
-        logger.warning("CPU attention: the compiled kernel is unavailable (%s); using the torch path", e)
-        return None
-    logger.info("CPU attention: compiled kernel loaded (%s)", isa.name)
-    return kernel

@@ -68,7 +68,8 @@ from radixrt.kernels.attention_plan import CascadePlan, KVRun, NativeCascades, S
 from radixrt.kernels.backend import AttentionBackend, AttentionMetadata, LayerAttention
 from radixrt.kernels.decode_attention import attend, group_queries, merge
 from radixrt.kernels.kv_cache import PagedKVCache
-from radixrt.kernels.native_attention import KINDS, NativeAttention, load_native_attention
+from radixrt.kernels.kernel_choice import KernelChoice, Shape, choose_kernels
+from radixrt.kernels.native_attention import KINDS
 
 
 # The explicit (softcapped) prefill path holds at most this many float32 scores at once.
@@ -109,16 +110,27 @@ class TorchBackend(AttentionBackend):
         layers: Sequence[LayerAttention],
         native: bool | None = None,
     ) -> None:
-        """native: attend through the compiled kernel (native_attention.py). None: where it builds and
-        serves the pool's dtype (float32, bfloat16 on CPU); True: required (raises without it); False: never."""
+        """native: attend through the compiled kernel (native_attention.py), each shape class through
+        the variant kernel_choice.py picks. None: where it builds and serves the pool's dtype (float32,
+        bfloat16 on CPU); True: required (raises without it); False: never."""
         super().__init__(cache, num_heads, head_dim, layers)
-        self.native: NativeAttention | None = None
-        if native is not False:
-            serves = cache.storage_dtype in KINDS and cache.k[0].device.type == "cpu"
-            self.native = load_native_attention(head_dim) if serves else None
-            if native and self.native is None:
-                raise RuntimeError(f"the compiled attention kernel is unavailable for a {cache.storage_dtype} pool here")
-        self.planner = StepPlanner(cache, self.native is not None)
+        self.kernels: KernelChoice | None = None
+        serves = cache.storage_dtype in KINDS and cache.k[0].device.type == "cpu"
+        if native is not False and serves:
+            _, page_size, kv_heads, _ = cache.k[0].shape
+            self.kernels = choose_kernels(Shape(num_heads, kv_heads, head_dim, page_size, cache.storage_dtype))
+        if native and self.kernels is None:
+            raise RuntimeError(f"the compiled attention kernel is unavailable for a {cache.storage_dtype} pool here")
+        self.planner = StepPlanner(cache, self.kernels is not None)
+        if self.kernels is None:
+            self.kernels_reason = ("the torch path: " + ("not asked for the compiled kernel" if native is False else
+                                   f"the compiled kernel does not serve a {cache.storage_dtype} pool on "
+                                   f"{cache.k[0].device.type}" if not serves else "no variant of the kernel builds here"))
+
+    def kernels_info(self) -> tuple[dict[str, str], str]:
+        if self.kernels is None:
+            return {}, self.kernels_reason
+        return self.kernels.names(), self.kernels.reason
 
     def init_forward(self, meta: AttentionMetadata) -> None:
         self.meta = meta
@@ -190,7 +202,7 @@ class TorchBackend(AttentionBackend):
         n, kv_heads, group, D = qg.shape
         C = n // per
         qc = qg.view(C, per, kv_heads, group, D).transpose(1, 2).reshape(C, -1, D).contiguous()
-        op, lse = self.native(qc, self.cache.k[layer], self.cache.v[layer], pages, lens, la.scale, want_lse=True,
+        op, lse = self.kernels.cascade(qc, self.cache.k[layer], self.cache.v[layer], pages, lens, la.scale, want_lse=True,
                               softcap=la.softcap)
         op = op.view(C, kv_heads, per, group, D).transpose(1, 2).reshape(n, kv_heads * group, D)
         return op, lse.view(C, kv_heads, per, group).transpose(1, 2).reshape(n, kv_heads * group)
@@ -216,9 +228,10 @@ class TorchBackend(AttentionBackend):
         """q: [n, heads, head_dim] over each request's run -> out [n, heads, head_dim], lse [n, heads], float32.
         One query per request (n == B), or with q_starts (compiled kernel only) each request's chunk."""
         B, H, D = q.shape
-        if self.native is not None:
+        if self.kernels is not None:  # one row per request: a decode; more: prefill chunks among them
+            kernel = self.kernels.decode if q.shape[0] == run.lens.shape[0] else self.kernels.extend
             k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]
-            return self.native(q.float().contiguous(), k_pool, v_pool, run.pages, run.lens, la.scale, want_lse=True,
+            return kernel(q.float().contiguous(), k_pool, v_pool, run.pages, run.lens, la.scale, want_lse=True,
                                window=run.window, softcap=la.softcap, q_starts=q_starts)
         k, v = self.cache.read_heads(layer, run.slots)  # [B, kv_heads, max_read, head_dim] float32
         out, lse = attend(group_queries(q, k.shape[1]), k, v, run.bias, la.scale, la.softcap)

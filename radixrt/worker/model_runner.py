@@ -215,6 +215,7 @@ class ModelRunner:
             pack_linear_weights(self.model)
 
     def ready_message(self) -> WorkerReady:
+        kernels, kernels_reason = self.attn.kernels_info()
         return WorkerReady(
             num_pages=self.cache.num_pages,
             page_size=self.page_size,
@@ -241,6 +242,8 @@ class ModelRunner:
             weight_packing_reason=self.packing.reason,
             weight_quantization=self.quant.scheme,
             weight_quantization_reason=self.quant.reason,
+            attention_kernels=kernels,
+            attention_kernels_reason=kernels_reason,
         )
 
     @torch.inference_mode()

@@ -24,7 +24,12 @@
  * tiles instead (see qk_gemm_tile). Over a bf16 pool on a CPU with the bf16 dot product, those
  * tiles take the pool's K and V as they are, two elements per lane and instruction: the queries
  * and the softmax weights rounded to bf16, as a bf16 model's attention rounds them (measured on
- * an AVX-512 EPYC: prefill chunks 1.4-1.6x faster than widening K and V to float32).
+ * an AVX-512 EPYC: prefill chunks 1.4-1.6x faster than widening K and V to float32). There every task
+ * takes them, decodes too: 16 tokens' K rows transposed by pairs in registers (v_transpose16), so a row's
+ * 16 scores come out of one instruction per pair of head_dim with no horizontal sum, and a decode's few
+ * rows take the transposed K straight from the registers (qk_dot_few_tile); measured on an AVX-512 EPYC,
+ * decodes 0.71-1.06x the time of the widening 4-token tiles over ten shapes (group 8: 0.71x).
+ * Which variant serves a kind of call is measured at start (radixrt/kernels/kernel_choice.py).
  * K and V are each read from memory once per task; a block's rows stay in L1 between tiles.
  * The last block is padded with its last real token (read, never weighted: its weights are 0).
  *
@@ -199,12 +204,21 @@ ALWAYS_INLINE int pv_rows(const float *w, int64_t stride, const void *v_pool, co
 
 /* kt[d * TB + i] = K row i's element d (the rows at offs), in float32: the block transposed. */
 static inline void widen_transposed(const void *k_pool, const int kind, const int64_t *offs, int D, float *kt) {
+#if defined(RADIXRT_AVX512_FAMILY) && TB == 16
+    for (int d = 0; d < D; d += 16) { /* 16 tokens x 16 elements at a time, transposed in registers */
+        __m512i r[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_castps_si512(load_kind(k_pool, offs[i] + d, kind));
+        v_transpose16(r);
+        for (int j = 0; j < 16; j++) _mm512_storeu_si512((void *)(kt + (d + j) * TB), r[j]);
+    }
+#else
     for (int i = 0; i < TB; i++)
         for (int d = 0; d < D; d += VL) {
             float lanes[VL];
             v_store(lanes, load_kind(k_pool, offs[i] + d, kind));
             for (int l = 0; l < VL; l++) kt[(d + l) * TB + i] = lanes[l];
         }
+#endif
 }
 
 /* vb[i * D + d] = V row i's element d (the rows at offs), in float32. */
@@ -246,8 +260,12 @@ static void qk_gemm_rows(const float *const *qp, const float *kt, int D, int n, 
 /* kp[j * TB + i] = K row i's elements 2j and 2j + 1 (the rows at offs, bf16), one 32-bit pair: the
  * block transposed by pairs, as the bf16 dot product takes it. */
 static inline void pair_transposed(const uint16_t *k_pool, const int64_t *offs, int D, uint32_t *kp) {
-    for (int i = 0; i < TB; i++)
-        for (int j = 0; j < D / 2; j++) memcpy(kp + j * TB + i, k_pool + offs[i] + 2 * j, sizeof(uint32_t));
+    for (int c = 0; c < D / 2; c += 16) { /* 16 tokens x 16 pairs at a time, transposed in registers */
+        __m512i r[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(k_pool + offs[i] + 2 * c));
+        v_transpose16(r);
+        for (int j = 0; j < 16; j++) _mm512_storeu_si512((void *)(kp + (c + j) * TB), r[j]);
+    }
 }
 
 /* qk_gemm_tile by the bf16 dot product: query rows in bf16 (q16 rows at qp[r]), a pair of head_dim
@@ -312,6 +330,39 @@ static int pv_dot_rows(const float *w, int64_t stride, const uint32_t *vp, int d
     return dn >= 4 ? 4 : dn >= 2 ? 2 : 1;
 }
 
+/* qk_dot_tile for rn <= FEW_ROWS rows straight from the pool: each 16 pairs of head_dim of the block's
+ * K transposed in registers and taken at once by every row, with no pass through a scratch copy (a decode's
+ * few rows would read that copy back once per tile of rows). */
+#define FEW_ROWS 4
+ALWAYS_INLINE void qk_dot_few_tile(const uint16_t *k_pool, const int64_t *offs, const uint16_t *const *qp, int D,
+                                   const int rn, float scale, float *const *sp) {
+    vf acc[FEW_ROWS];
+    for (int r = 0; r < rn; r++) acc[r] = v_zero();
+    for (int c = 0; c < D / 2; c += 16) {
+        __m512i k[16];
+        for (int i = 0; i < 16; i++) k[i] = _mm512_loadu_si512((const void *)(k_pool + offs[i] + 2 * c));
+        v_transpose16(k); /* k[j]: pair c + j of the 16 tokens */
+        for (int j = 0; j < 16; j++)
+            for (int r = 0; r < rn; r++) {
+                uint32_t pair;
+                memcpy(&pair, qp[r] + 2 * (c + j), sizeof pair);
+                acc[r] = v_dot_bf16(acc[r], (vbf)_mm512_set1_epi32((int)pair), (vbf)k[j]);
+            }
+    }
+    const vf sc = v_set1(scale);
+    for (int r = 0; r < rn; r++) v_store(sp[r], v_mul(acc[r], sc));
+}
+
+static void qk_dot_few(const uint16_t *k_pool, const int64_t *offs, const uint16_t *const *qp, int D, int n, float scale,
+                       float *const *sp) {
+    switch (n) {
+    case 4: qk_dot_few_tile(k_pool, offs, qp, D, 4, scale, sp); break;
+    case 3: qk_dot_few_tile(k_pool, offs, qp, D, 3, scale, sp); break;
+    case 2: qk_dot_few_tile(k_pool, offs, qp, D, 2, scale, sp); break;
+    default: qk_dot_few_tile(k_pool, offs, qp, D, 1, scale, sp); break;
+    }
+}
+
 static void qk_dot_rows(const uint16_t *const *qp, const uint32_t *kp, int D, int n, float scale, float *const *sp) {
     int r = 0;
     for (; r + RT <= n; r += RT) qk_dot_tile(qp + r, kp, D, RT, scale, sp + r);
@@ -374,8 +425,11 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                                float *scores, int64_t Np, uint16_t *q16, float *out, float *lse, int64_t lse_stride) {
     const int D = pool->D, KVH = pool->KVH;
     const int elem = kind == KIND_BF16 ? 2 : 4;
-    /* many query rows per KV head: scores in GEMM tiles, by the bf16 dot product where it serves (q16) */
-    const int gemm = P * G >= GEMM_MIN_ROWS && D <= MAX_GEMM_D;
+    /* many query rows per KV head: scores in GEMM tiles. Where the bf16 dot product serves (q16), every
+     * task goes by them, decodes too: a block's K transposed by pairs in registers, 16 scores of a row per
+     * instruction with no horizontal sums, two elements per lane (the widening path's 4-token tiles end
+     * in a horizontal sum per row and 4 tokens, which costs more than the transpose at any row count). */
+    const int gemm = (P * G >= GEMM_MIN_ROWS || q16 != NULL) && D <= MAX_GEMM_D;
     if (!gemm) q16 = NULL;
 #ifdef HAVE_DOT_BF16
     if (q16) /* the task's query rows in bf16, in score-row order */
@@ -418,6 +472,10 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                     }
                 }
 #ifdef HAVE_DOT_BF16
+                if (q16 && n <= FEW_ROWS) {
+                    qk_dot_few(pool->k_pool, offs, qp16, D, n, pool->scale, sp);
+                    continue;
+                }
                 if (q16) {
                     pair_transposed(pool->k_pool, offs, D, (uint32_t *)kt);
                     qk_dot_rows(qp16, (const uint32_t *)kt, D, n, pool->scale, sp);

@@ -49,6 +49,30 @@ static inline vf v_copysign(vf mag, vf sign) {
     return _mm512_or_ps(mag, _mm512_and_ps(sign, _mm512_set1_ps(-0.0f)));
 }
 static inline __m256 halves_added(vf x) { return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1)); }
+/* r[i] lane j <- r[j] lane i: a 16 x 16 block of 32-bit elements transposed in registers (4 rounds of
+ * 16 shuffles: pairs, quads, 128-bit lanes, halves), for K blocks read with their tokens across lanes. */
+static inline void v_transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
 #ifdef HAVE_DOT_BF16
 typedef __m512bh vbf; /* 32 bf16 */
 static inline vbf vbf_load(const uint16_t *p) { return (vbf)_mm512_loadu_si512((const void *)p); }
