@@ -38,7 +38,7 @@ def assert_pages_consistent(s: Scheduler) -> None:
     """free + cache + each running request's own pages == pool, with no page in two places."""
     owned = [p for r in s.running for p in r.kv.owned_pages]
     held = tree_pages(s.mem.cache)
-    free = s.mem.allocator._free.tolist()
+    free = s.mem.allocator.free_pages()
     everything = owned + held + free
     assert len(everything) == len(set(everything)) == s.mem.allocator.num_pages
     assert len(held) == s.mem.cache.total_pages
