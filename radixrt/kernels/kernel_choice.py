@@ -45,8 +45,12 @@ logger = logging.getLogger(__name__)
 CLASSES = ("decode", "extend", "cascade")
 MARGIN = 0.05  # a variant displaces the flags' best for a class when it measures at least this much faster
 ROUNDS = 7  # timed calls per variant and class (medians), after one untimed call each
-# the probes: decode requests x their tokens; extend requests x (cached, new) tokens; cascade members x prefix
-DECODE, EXTEND, CASCADE = (16, 256), (2, 256, 64), (16, 512)
+# the probes: decode requests of DECODE_LEN tokens, as many as hold DECODE_BYTES of K and V: a
+# server's decodes read their KV from memory, not from a cache (a probe of 16 x 256 tokens that
+# stayed in L3 chose avx512bf16 for page size 1, where out of cache it took 1.37x avx512's time);
+# extend requests x (cached, new) tokens; cascade members x prefix tokens
+DECODE_LEN, DECODE_BYTES = 512, 64 << 20
+EXTEND, CASCADE = (2, 256, 64), (16, 512)
 CHOICE_FORMAT = 1  # bump when the probes or the rule change: older cached choices are then not read
 
 
@@ -81,7 +85,9 @@ class Probe:
     def __init__(self, s: Shape, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
         self.scale = s.head_dim**-0.5
-        lens = {"decode": [DECODE[1]] * DECODE[0], "extend": [EXTEND[1] + EXTEND[2]] * EXTEND[0], "cascade": [CASCADE[1]]}
+        token_bytes = 2 * s.kv_heads * s.head_dim * torch.empty(0, dtype=s.dtype).element_size()  # K and V
+        decodes = max(8, DECODE_BYTES // (DECODE_LEN * token_bytes))
+        lens = {"decode": [DECODE_LEN] * decodes, "extend": [EXTEND[1] + EXTEND[2]] * EXTEND[0], "cascade": [CASCADE[1]]}
         widths = {c: -(-max(n) // s.page_size) for c, n in lens.items()}
         num_pages = sum(len(n) * widths[c] for c, n in lens.items())
         order = torch.randperm(num_pages, generator=g)
@@ -89,7 +95,7 @@ class Probe:
         self.k, self.v = (torch.randn(shape, generator=g).to(s.dtype) for _ in range(2))
         # q rows per class: decode [requests, heads, D]; extend [requests * new, heads, D] with q_starts;
         # cascade [1, members * heads, D], the members' rows of a KV head as its group (as _grouped_prefixes calls)
-        q_shapes = {"decode": (DECODE[0], s.heads), "extend": (EXTEND[0] * EXTEND[2], s.heads), "cascade": (1, CASCADE[0] * s.heads)}
+        q_shapes = {"decode": (decodes, s.heads), "extend": (EXTEND[0] * EXTEND[2], s.heads), "cascade": (1, CASCADE[0] * s.heads)}
         self.args: dict[str, tuple] = {}
         at = 0
         for c, n in lens.items():
