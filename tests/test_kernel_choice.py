@@ -68,8 +68,12 @@ def test_the_choice_is_cached_by_cpu_builds_and_shape(variants, monkeypatch, tmp
     assert again.names() == first.names() and again.reason.startswith("measured at an earlier start")
     # another shape is another key; a cache naming a variant not at hand, or unreadable, is measured anew
     calls = []
-    monkeypatch.setattr(kernel_choice, "measure", lambda k, s: (calls.append(s), ({c: "scalar" for c in CLASSES},
-                        {c: {"scalar": 1.0} for c in CLASSES}, {}))[1])
+
+    def fake_measure(kernels, shape):
+        calls.append(shape)
+        return {c: "scalar" for c in CLASSES}, {c: {"scalar": 1.0} for c in CLASSES}, {}
+
+    monkeypatch.setattr(kernel_choice, "measure", fake_measure)
     other = Shape(8, 2, 64, 1, torch.bfloat16)
     assert choose_kernels(other).names() == {c: "scalar" for c in CLASSES} and calls == [other]
     path.write_text("{not json")

@@ -89,6 +89,11 @@ class WeightsChange:
     submitted: list[ReqState]
 
 
+# what the worker decided at load (WorkerReady's fields), each with its reason, for /get_server_info
+WORKER_INFO = tuple(f"{name}{part}" for name in ("matmul_dtype", "weight_packing", "weight_quantization", "attention_kernels")
+                    for part in ("", "_reason"))
+
+
 class TokenizerManager:
     def __init__(
         self,
@@ -117,13 +122,7 @@ class TokenizerManager:
             raise ValueError("this checkpoint is a sequence classifier (…ForSequenceClassification): it has no "
                              "language-model head to generate with; launch it with --is-embedding")
         # what the worker decided at load, for /get_server_info
-        self.worker_info = {
-            "matmul_dtype": worker.matmul_dtype, "matmul_dtype_reason": worker.matmul_dtype_reason,
-            "weight_packing": worker.weight_packing, "weight_packing_reason": worker.weight_packing_reason,
-            "weight_quantization": worker.weight_quantization,
-            "weight_quantization_reason": worker.weight_quantization_reason,
-            "attention_kernels": worker.attention_kernels, "attention_kernels_reason": worker.attention_kernels_reason,
-        }
+        self.worker_info = {f: getattr(worker, f) for f in WORKER_INFO}
         # checks and tokenizes every call before any of it is sent
         self.intake = Intake(args, self.tokenizer, worker.context_length, worker.vocab_size, worker.eos_ids,
                              RetentionRules.for_worker(args.retention, worker))

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from radixrt.kernels.native_attention import NativeAttention, build_variant
-from radixrt.kernels.native_build import ISA_ENV, Isa, cache_dir, chosen_isa, cpu_flags, runnable_isas
+from radixrt.kernels.native_build import ISA_ENV, Isa, cache_dir, chosen_isa, cpu_flags, cpu_model, runnable_isas
 
 logger = logging.getLogger(__name__)
 
@@ -210,18 +210,9 @@ def _summary(names: dict[str, str], ms: dict[str, dict[str, float]]) -> str:
 
 def _key(shape: Shape, kernels: dict[str, NativeAttention]) -> str:
     """What a cached choice depends on, hashed: the CPU, the builds, the shape, the threads."""
-    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo_lines() if line.startswith("model name")), "")
-    parts = [CHOICE_FORMAT, model, sorted(cpu_flags() or ()), sorted(k.lib.name for k in kernels.values()),
-             shape.heads, shape.kv_heads, shape.head_dim, shape.page_size, str(shape.dtype),
-             os.environ.get("OMP_NUM_THREADS") or os.cpu_count()]
+    parts = [CHOICE_FORMAT, cpu_model(), sorted(cpu_flags() or ()), sorted(k.lib.name for k in kernels.values()),
+             shape.heads, shape.kv_heads, shape.head_dim, shape.page_size, str(shape.dtype), torch.get_num_threads()]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
-
-
-def _cpuinfo_lines() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
 
 
 def _read(path: Path, kernels: dict[str, NativeAttention]) -> tuple[dict[str, str], dict[str, dict[str, float]]] | None:

@@ -54,15 +54,26 @@ ISAS: tuple[Isa, ...] = (
 ISA_BY_NAME = {isa.name: isa for isa in ISAS}
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
-    """The x86 CPU's feature flags (the first "flags" line), or None where there is none to read."""
+def _cpuinfo_value(key: str, cpuinfo: Path) -> str | None:
+    """The value of the first `key` line of /proc/cpuinfo, or None where there is none to read."""
     try:
         for line in cpuinfo.read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
+            if line.startswith(key):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return None
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
+    """The x86 CPU's feature flags (the first "flags" line), or None where there is none to read."""
+    value = _cpuinfo_value("flags", cpuinfo)
+    return None if value is None else frozenset(value.split())
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (the first "model name" line), or "" where there is none to read."""
+    return _cpuinfo_value("model name", cpuinfo) or ""
 
 
 def runnable_isas(flags: frozenset[str] | None = None) -> list[Isa]:

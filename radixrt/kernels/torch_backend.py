@@ -122,15 +122,12 @@ class TorchBackend(AttentionBackend):
         if native and self.kernels is None:
             raise RuntimeError(f"the compiled attention kernel is unavailable for a {cache.storage_dtype} pool here")
         self.planner = StepPlanner(cache, self.kernels is not None)
-        if self.kernels is None:
-            self.kernels_reason = ("the torch path: " + ("not asked for the compiled kernel" if native is False else
-                                   f"the compiled kernel does not serve a {cache.storage_dtype} pool on "
-                                   f"{cache.k[0].device.type}" if not serves else "no variant of the kernel builds here"))
+        self.kernels_reason = self.kernels.reason if self.kernels is not None else "the torch path: " + (
+            "not asked for the compiled kernel" if native is False else "no variant of the kernel builds here" if serves
+            else f"the compiled kernel does not serve a {cache.storage_dtype} pool on {cache.k[0].device.type}")
 
     def kernels_info(self) -> tuple[dict[str, str], str]:
-        if self.kernels is None:
-            return {}, self.kernels_reason
-        return self.kernels.names(), self.kernels.reason
+        return (self.kernels.names() if self.kernels is not None else {}), self.kernels_reason
 
     def init_forward(self, meta: AttentionMetadata) -> None:
         self.meta = meta
