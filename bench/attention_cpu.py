@@ -15,6 +15,10 @@ Candidates (each returns [B, heads, head_dim]):
               TorchBackend runs the one its start-up measurement picks for decodes (`chosen`,
               radixrt/kernels/kernel_choice.py) where it builds, the torch path (`grouped`) where
               it does not; each variant's time over the chosen one's is printed beside it
+Then the many-row classes (prefill chunks over a cached prefix, a cascade's shared prefix: the
+start-up probe's calls, kernel_choice.Probe) per variant over six shapes, where the brgemm
+variant's tile products (AMX tiles on a CPU with amx_bf16) compete; each variant's time over
+the one kernel_choice picks for that class is printed.
 Sweeps one axis at a time around a base point (batch 64, 600 KV tokens, head_dim 64, GQA
 group 3 with 4 KV heads, page size 16, bf16), plus batch x KV length for both dtypes.
 Runs under the allocator a CPU worker starts with (radixrt/launch/worker_env.py).
@@ -43,7 +47,7 @@ from common import RESULTS, write_result
 from peaks import copy_gbps, host, run_as_worker
 from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache
 from radixrt.kernels.decode_attention import attend, group_queries
-from radixrt.kernels.kernel_choice import Shape, choose_kernels
+from radixrt.kernels.kernel_choice import Probe, Shape, choose_kernels
 from radixrt.kernels.native_build import runnable_isas
 from radixrt.kernels.native_attention import NativeAttention, build_variant
 from radixrt.kernels.torch_backend import TorchBackend
@@ -198,6 +202,30 @@ def cases(quick: bool) -> list[tuple[str, Case]]:
     return out
 
 
+# (heads, KV heads, head_dim, page size) of the many-row sweep: GQA groups 1/3/8, head_dim 64/128, pages 1/16
+MANY_ROW_SHAPES = [(4, 4, 64, 16), (12, 4, 64, 16), (9, 3, 64, 1), (32, 8, 128, 16), (16, 2, 128, 16), (8, 8, 128, 1)]
+
+
+def many_row_rows(budget_s: float) -> list[dict]:
+    """Each variant's median ms on the extend and cascade probes, and its time over the chosen one's."""
+    rows = []
+    for heads, kv_heads, head_dim, page_size in MANY_ROW_SHAPES:
+        shape = Shape(heads, kv_heads, head_dim, page_size, torch.bfloat16)
+        probe, choice = Probe(shape), choose_kernels(shape)
+        kernels = {isa.name: build_variant(isa) for isa in runnable_isas() if head_dim % isa.lanes == 0 and isa.name != "scalar"}
+        for cls in ("extend", "cascade"):
+            fns = {n: functools.partial(probe.run, k, cls) for n, k in kernels.items()}
+            for fn in fns.values():
+                fn()
+            ms = median_ms(fns, budget_s)
+            chosen = getattr(choice, cls).isa.name
+            over = {n: t / ms[chosen] for n, t in ms.items()}
+            rows.append({"shape": shape.__dict__ | {"dtype": "bfloat16"}, "class": cls, "chosen": chosen, "ms": ms, "over_chosen": over})
+            print(f"{cls:7} heads {heads:2}/{kv_heads} D={head_dim:3} ps={page_size:2}  chosen {chosen:10} "
+                  + "  ".join(f"{n} {ms[n]:6.3f} ({over[n]:.2f}x)" for n in ms), flush=True)
+    return rows
+
+
 def plot(rows: list[dict], path) -> None:
     import matplotlib
 
@@ -256,7 +284,9 @@ def main() -> None:
         seen[c] = seen.get(c) or run_case(c, budget, copy)
         rows.append(dict(seen[c], axis=axis))
     summarize(list(seen.values()))
-    result = {"threads": torch.get_num_threads(), "host": host(), "copy_gbps": copy, "rows": rows}
+    print("many-row classes (bf16 pools): ms per call, each variant's time over the chosen one's", flush=True)
+    many = many_row_rows(budget)
+    result = {"threads": torch.get_num_threads(), "host": host(), "copy_gbps": copy, "rows": rows, "many_rows": many}
     print("wrote", write_result("attention_cpu", result))
     plot(rows, RESULTS / "attention_cpu.png")
     print("wrote", RESULTS / "attention_cpu.png")

@@ -12,6 +12,7 @@ the tolerance is the attention's, not the quantizer's.
 from __future__ import annotations
 
 import math
+import os
 import random
 
 import pytest
@@ -21,7 +22,7 @@ from radixrt.kernels import kernel_choice
 from radixrt.kernels.native_build import ISA_ENV, ISAS
 from radixrt.kernels.decode_attention import attend, merge
 from radixrt.kernels.torch_backend import TorchBackend
-from support.kernels import NATIVE, use_path
+from support.kernels import NATIVE, require_native, use_path
 from support.oracle import naive_attention
 
 KV_HEADS = 2
@@ -85,7 +86,7 @@ def test_decode_batch_matches_naive(path, kv_dtype, dtype, page_size, group, hea
     # the kernel reads each request's own length in one call; the torch path pads, in length groups
     assert len(backend.layer_plans[0].decodes) == 1 if native else len(backend.layer_plans[0].decodes) >= 3
     if native:
-        assert set(backend.kernels.names().values()) == {path.removeprefix("native-")}
+        assert set(backend.kernels.names().values()) == {os.environ[ISA_ENV]}
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     for layer in range(layers):
         q = torch.randn(len(KV_LENS), heads, head_dim).to(dtype)
@@ -213,3 +214,16 @@ def test_extend_batch_matches_naive(path, dtype, page_size, group, head_dim, mon
         want = naive_attention(q[start : start + n], k_all, v_all, scale)
         torch.testing.assert_close(got[start : start + n].double(), want, atol=tol, rtol=tol)
         start += n
+
+
+def test_the_brgemm_variant_packs_for_tiles_exactly_where_the_cpu_has_amx():
+    """torch's brgemm takes VNNI-packed B only on AMX tiles (elsewhere it raises): the variant packs
+    where the CPU has amx_bf16 and hands torch's GEMM plain B everywhere else."""
+    from radixrt.kernels.native_attention import build_variant
+    from radixrt.kernels.native_build import ISA_BY_NAME, runnable_isas
+    from support.kernels import AMX
+
+    if "brgemm" not in [isa.name for isa in runnable_isas()]:
+        pytest.skip("the brgemm variant needs AVX-512 with avx512_bf16; this CPU lacks them")
+    require_native()
+    assert build_variant(ISA_BY_NAME["brgemm"]).vnni == AMX

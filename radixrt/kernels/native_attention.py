@@ -3,7 +3,10 @@
 Decodes, prefill chunks over a cached prefix and a cascade's shared prefix, the pool read
 in place. One C source, built per instruction set by native_build.py (AVX-512, AVX2,
 scalar: every variant builds on any x86 machine); which variant serves each kind of call is
-kernel_choice.py's measurement, or the one RADIXRT_CPU_KERNEL_ISA names. Plain C through ctypes, not a torch extension:
+kernel_choice.py's measurement, or the one RADIXRT_CPU_KERNEL_ISA names. The brgemm variant
+runs a bf16 pool's many-row tasks as tile products through torch's own oneDNN micro-kernel
+(at::native::cpublas::brgemm, on AMX tiles where the CPU has them), its functions looked up in
+libtorch_cpu and handed to the C source by address. Plain C through ctypes, not a torch extension:
 no torch headers to compile (a build takes about a second) and nothing for the user to
 install. Where it cannot build, the caller keeps the torch path (decode_attention.py)
 and the log says why, once.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -26,7 +30,13 @@ SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
 KINDS = {torch.float32: 0, torch.bfloat16: 1}  # pool dtype -> the kernel's `kind`
 ERRORS = {1: "unknown pool dtype", 2: "heads not a multiple of KV heads", 3: "out of memory",
           4: "negative window or soft cap", 5: "head_dim not a multiple of the variant's vector lanes",
-          6: "a request with no queries, or more than its tokens"}  # fmt: skip
+          6: "a request with no queries, or more than its tokens", 7: "its brgemm functions were not set"}  # fmt: skip
+# at::native::cpublas's brgemm (bf16 x bf16 -> float32), pack and brgemm_release, as libtorch_cpu exports them
+BRGEMM_SYMBOLS = ("_ZN2at6native7cpublas6brgemmEllllllbPKN3c108BFloat16ES5_Pfb",
+                  "_ZN2at6native7cpublas4packEllllN3c1010ScalarTypeES3_PKvPv",
+                  "_ZN2at6native7cpublas14brgemm_releaseEb")  # fmt: skip
+COULD_PACK = "_ZN2at6native7cpublas10could_packEN3c1010ScalarTypeE"
+SCALAR_BF16 = 15  # c10::ScalarType::BFloat16
 
 
 class NativeAttention:
@@ -34,7 +44,9 @@ class NativeAttention:
 
     def __init__(self, lib: Path, isa: Isa) -> None:
         self.isa, self.lib = isa, lib
-        self._fn = getattr(ctypes.CDLL(str(lib)), f"radixrt_paged_attention_{isa.name}")
+        loaded = ctypes.CDLL(str(lib))
+        self.vnni = _set_brgemm(loaded) if isa.name == "brgemm" else False  # tile products on AMX
+        self._fn = getattr(loaded, f"radixrt_paged_attention_{isa.name}")
         self._fn.restype = ctypes.c_int
         p, i = ctypes.c_void_p, ctypes.c_int
         f, i64 = ctypes.c_float, ctypes.c_int64
@@ -80,6 +92,25 @@ class NativeAttention:
         if err:
             raise RuntimeError(f"paged attention kernel ({self.isa.name}) failed: {ERRORS.get(err, err)}")
         return out, lse
+
+
+def _set_brgemm(loaded: ctypes.CDLL) -> bool:
+    """Hands the brgemm variant torch's brgemm functions; returns whether B is packed for AMX tiles
+    (torch's could_pack: a CPU with amx_bf16). Raises RuntimeError where this torch lacks them."""
+    torch_cpu = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    try:
+        gemm, pack, release = (ctypes.cast(getattr(torch_cpu, name), ctypes.c_void_p) for name in BRGEMM_SYMBOLS)
+        could_pack = getattr(torch_cpu, COULD_PACK)
+    except AttributeError as e:
+        raise RuntimeError(f"torch {torch.__version__} does not export at::native::cpublas::brgemm ({e})") from e
+    could_pack.argtypes, could_pack.restype = [ctypes.c_int8], ctypes.c_bool
+    vnni = bool(could_pack(SCALAR_BF16))
+    if vnni and hasattr(torch._C._cpu, "_init_amx"):
+        torch._C._cpu._init_amx()  # asks Linux for the AMX tile state, once per process
+    set_brgemm = loaded.radixrt_set_brgemm
+    set_brgemm.argtypes, set_brgemm.restype = [ctypes.c_void_p] * 3 + [ctypes.c_int], None
+    set_brgemm(gemm, pack, release, int(vnni))
+    return vnni
 
 
 @functools.cache

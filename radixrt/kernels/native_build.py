@@ -9,7 +9,7 @@ the ISA's name (`radixrt_paged_attention_avx512`), so the variants of one source
 only in their flags; csrc/simd.h is the vector layer they share.
 
 The variant a process runs is the best one the CPU's flags allow (ISAS, best first), or
-the one `RADIXRT_CPU_KERNEL_ISA` names (avx512bf16, avx512, avx2, scalar); naming one the CPU cannot
+the one `RADIXRT_CPU_KERNEL_ISA` names (avx512bf16, brgemm, avx512, avx2, scalar); naming one the CPU cannot
 execute is an error, not a quiet downgrade. Objects are cached under
 ~/.cache/radixrt/kernels, keyed by the source, the headers beside it, the compiler and its flags; building one
 takes about a second, loading a cached one a millisecond.
@@ -43,10 +43,14 @@ class Isa:
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 # Best first. The scalar variant is plain C for any target (the compiler may still vectorize it).
+# brgemm is avx512bf16's code with the attention kernel's many-row tasks as tile products through
+# torch's oneDNN micro-kernel (csrc/brgemm_tiles.h; AMX tiles where the CPU has them): only a
+# measurement (kernel_choice.py) or RADIXRT_CPU_KERNEL_ISA puts it before avx512bf16.
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"})
 _AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma")
 ISAS: tuple[Isa, ...] = (
     Isa("avx512bf16", _AVX512 | {"avx512_bf16"}, (*_AVX512_FLAGS, "-mavx512bf16"), 16),
+    Isa("brgemm", _AVX512 | {"avx512_bf16"}, (*_AVX512_FLAGS, "-mavx512bf16"), 16),  # attention only: see below
     Isa("avx512", _AVX512, _AVX512_FLAGS, 16),
     Isa("avx2", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma"), 8),
     Isa("scalar", frozenset(), (), 1),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from radixrt.kernels import native_attention
-from radixrt.kernels.native_build import ISA_ENV, ISAS, build, find_compiler, runnable_isas
+from radixrt.kernels.native_build import ISA_BY_NAME, ISA_ENV, ISAS, build, cpu_flags, find_compiler, runnable_isas
 
 
 def require_native() -> None:
@@ -18,9 +18,13 @@ def require_native() -> None:
         build(native_attention.SOURCE, isa)  # raises, failing the test, if the compiler cannot build it
 
 
+AMX = "amx_bf16" in (cpu_flags() or ())
 # The compiled kernel's variants this CPU can execute, best first: each one runs every native case,
-# and the test ids say which ran here (native-avx512, native-avx2, native-scalar).
-NATIVE = [f"native-{isa.name}" for isa in runnable_isas()]
+# and the test ids say which ran here (native-avx512, native-avx2, native-scalar). native-amx is the
+# brgemm variant on AMX tiles: on a CPU without amx_bf16 its cases skip and say so, and brgemm runs
+# as native-brgemm (torch's GEMM under the same products); with it, brgemm runs as native-amx only.
+NATIVE = [f"native-{isa.name}" for isa in runnable_isas() if not (AMX and isa.name == "brgemm")]
+NATIVE += ["native-amx"] if len(ISAS) > 1 else []
 
 
 def use_path(path: str, monkeypatch) -> bool:
@@ -28,7 +32,13 @@ def use_path(path: str, monkeypatch) -> bool:
     if not path.startswith("native"):
         return False
     require_native()
-    monkeypatch.setenv(ISA_ENV, path.removeprefix("native-"))
+    variant = path.removeprefix("native-")
+    if variant == "amx":
+        if not AMX:
+            pytest.skip("the AMX path needs a CPU with amx_bf16; this one lacks it (brgemm runs as native-brgemm)")
+        assert native_attention.build_variant(ISA_BY_NAME["brgemm"]).vnni, "amx_bf16, yet torch's brgemm does not pack for tiles"
+        variant = "brgemm"
+    monkeypatch.setenv(ISA_ENV, variant)
     return True
 
 

@@ -29,6 +29,8 @@
  * 16 scores come out of one instruction per pair of head_dim with no horizontal sum, and a decode's few
  * rows take the transposed K straight from the registers (qk_dot_few_tile); measured on an AVX-512 EPYC,
  * decodes 0.71-1.06x the time of the widening 4-token tiles over ten shapes (group 8: 0.71x).
+ * The BRGEMM variant (AVX512BF16's code otherwise) sends a bf16 pool's tasks of many rows per KV head to
+ * tile products instead (brgemm_tiles.h: oneDNN's micro-kernel, on AMX tiles where the CPU has them).
  * Which variant serves a kind of call is measured at start (radixrt/kernels/kernel_choice.py).
  * K and V are each read from memory once per task; a block's rows stay in L1 between tiles.
  * The last block is padded with its last real token (read, never weighted: its weights are 0).
@@ -45,7 +47,7 @@
  * softmax (Gemma 2); 0: scores as they are.
  * Returns 0, or: 1 unknown kind, 2 H not a multiple of KVH, 3 out of memory, 4 bad window or
  * softcap, 5 D not a multiple of this variant's vector lanes, 6 a request with no queries or
- * more queries than tokens.
+ * more queries than tokens, 7 (the BRGEMM variant) its brgemm functions not set.
  * The python reference is radixrt/kernels/decode_attention.py (attend); tests hold every variant to
  * naive attention.
  */
@@ -571,6 +573,10 @@ static void attend_task_bf16(const Pool *pool, const float *q, int64_t q_stride,
     attend_task(KIND_BF16, pool, q, q_stride, P, lo, hi, t0, N, h0, NH, G, scores, Np, q16, out, lse, lse_stride);
 }
 
+#ifdef HAVE_BRGEMM
+#include "brgemm_tiles.h"
+#endif
+
 #define PC 16 /* query positions per task: a request's K/V is read once per chunk of this many */
 
 /* The token range [lo, hi) of each query position of request b: its n queries are the last n of its
@@ -589,6 +595,10 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
     if (window < 0 || softcap < 0.0f) return 4;
     if (D % VL) return 5;
     const int G = H / KVH;
+#ifdef HAVE_BRGEMM
+    if (!tile_gemm) return 7;
+    const int tiles = kind == KIND_BF16 && D % 32 == 0; /* a bf16 pool's many-row tasks go through the tiles */
+#endif
     /* Tasks: (request, chunk of PC query positions), then split by KV head unless there are enough of
      * them to keep every thread busy and a token's rows of all KV heads (one contiguous run) are
      * small: a block of wide rows would crowd L1 (measured: 8 KV heads of 128 bf16 read 1.2x faster split). */
@@ -627,6 +637,7 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
     int failed = 0;
 #pragma omp parallel
     {
+        int tiled = 0; /* whether this thread ran tile products (and holds their hardware state) */
         float *scratch = malloc(sizeof(float) * rows * (size_t)Np + (dot ? sizeof(uint16_t) * rows * (size_t)D : 0));
         if (!scratch) {
 #pragma omp atomic write
@@ -644,11 +655,28 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
             mine.pages = pages + b * pages_stride;
             const int64_t row = (q_starts[b] + c) * H + (int64_t)h0 * G; /* position c's first row of KV head h0 */
             const int64_t N = hi[P - 1] - lo[0]; /* its scores' rows are this long, padded: not the widest task's */
+#ifdef HAVE_BRGEMM
+            if (tiles && P * G >= TILE_MIN_ROWS) {
+                const int err = attend_task_tiles(&mine, q + row * D, (int64_t)H * D, (int)P, lo, hi, lo[0], N, h0, per_task, G,
+                                                  out + row * D, lse ? lse + row : NULL, H);
+                tiled = 1;
+                if (err) {
+#pragma omp atomic write
+                    failed = err;
+                }
+                continue;
+            }
+#endif
             task_fn(&mine, q + row * D, (int64_t)H * D, (int)P, lo, hi, lo[0], N, h0, per_task, G, scratch,
                     (N + TB - 1) / TB * TB, dot ? (uint16_t *)(scratch + rows * (size_t)Np) : NULL, out + row * D,
                     lse ? lse + row : NULL, H);
         }
         free(scratch);
+#ifdef HAVE_BRGEMM
+        if (tiled) tile_release(tile_vnni);
+#else
+        (void)tiled;
+#endif
     }
     free(chunk_req);
     return failed;

@@ -1,6 +1,7 @@
 /* The vector layer the CPU kernels of this folder are written over: one section per ISA,
  * selected by the -DRADIXRT_ISA_<NAME> that radixrt/kernels/native_build.py compiles each variant with
- * (AVX512BF16 and AVX512: 16 float32 lanes, the first with a bf16 dot product; AVX2: 8;
+ * (AVX512BF16 and AVX512: 16 float32 lanes, the first with a bf16 dot product; BRGEMM: AVX512BF16's
+ * layer, its many-row tasks through brgemm_tiles.h; AVX2: 8;
  * SCALAR: 1, plain C for any target). A kernel uses only
  * these names (vf, VL, v_*), so its source is the same for every variant; ISA_NAME suffixes its
  * entry points (CAT(radixrt_name, ISA_NAME) -> radixrt_name_avx512).
@@ -15,6 +16,11 @@
 #define RADIXRT_AVX512_FAMILY
 #define ISA_NAME avx512bf16
 #define HAVE_DOT_BF16 1
+#elif defined(RADIXRT_ISA_BRGEMM) /* AVX512BF16, and many-row tasks by oneDNN's brgemm (AMX tiles where present) */
+#define RADIXRT_AVX512_FAMILY
+#define ISA_NAME brgemm
+#define HAVE_DOT_BF16 1
+#define HAVE_BRGEMM 1
 #elif defined(RADIXRT_ISA_AVX512)
 #define RADIXRT_AVX512_FAMILY
 #define ISA_NAME avx512
