@@ -144,9 +144,10 @@ class ServerArgs:
         16384, "the most prompt tokens prefilled in one step, all requests together (SGLang's per-batch budget)"
     )
     max_decode_slowdown: float = _arg(
-        1.5, "while requests decode, a step's prefill tokens are cut so that the step is predicted (from measured "
-        "step times) to take at most this many times a decode-only step: long prompts cannot stall the decodes, "
-        "at the cost of their own TTFT; 0: off (a step prefills up to max_prefill_tokens)"
+        1.5, "while streamed requests decode, a step's prefill tokens are cut so that the step is predicted (from "
+        "measured step times) to take at most this many times a decode-only step: long prompts cannot stall the "
+        "tokens a client is reading, at the cost of their own TTFT (a request answered in one piece has no pace to "
+        "keep: it never cuts a step); 0: off (a step prefills up to max_prefill_tokens)"
     )
     max_running_requests: int = _arg(256, "maximum requests in the running batch")
     schedule_policy: str = _arg(

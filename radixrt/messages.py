@@ -62,6 +62,8 @@ class TokenizedRequest(msgspec.Struct, tag=True):
     # SGLang's: with --reasoning-parser, its grammar starts after the reasoning's end marker
     require_reasoning: bool = False
     readout: Readout | None = None  # a prefill-only request's embedding or score (max_new_tokens is 0)
+    # its client reads tokens as they come: the decodes' cadence (--max-decode-slowdown) guards its pace
+    stream: bool = False
 
 
 MAX_PIN_TTL_S = 24 * 3600.0  # the longest pin a request may ask for

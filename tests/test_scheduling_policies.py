@@ -137,18 +137,41 @@ def test_the_cadence_cuts_a_long_prompts_chunks_while_others_decode():
     assert not starved.exhausted and starved.allow(_req("short"), 900) == 900, "short prompts never wait for the cut"
 
 
-def test_a_scheduler_under_the_cadence_and_tenants_completes_every_request_exactly():
+def test_the_stream_flag_travels_from_every_api_to_the_scheduler():
+    """The cadence guards streamed requests only, so each way in says whether it streams."""
+    import msgspec
+    from radixrt.frontend.generate_input import GenerateInput
+    from radixrt.frontend.intake import PreparedReq
+    from radixrt.server.openai_api import native_request
+    from radixrt.server.schemas import ChatCompletionRequest, CompletionRequest
+
+    for stream in (True, False):
+        (item,) = GenerateInput.build(input_ids=[1, 2, 3], stream=stream).items  # Engine and /generate
+        msg = PreparedReq([1, 2, 3], item, -1).message("r")
+        assert msg.stream is stream and Req.from_msg(msg).stream is stream
+        completion = msgspec.convert({"prompt": "x", "stream": stream}, CompletionRequest)
+        chat = msgspec.convert({"messages": [{"role": "user", "content": "x"}], "stream": stream}, ChatCompletionRequest)
+        assert native_request(completion, text="x").stream is stream and native_request(chat, input_ids=[1]).stream is stream
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "in-one-piece"])
+def test_a_scheduler_under_the_cadence_and_tenants_completes_every_request_exactly(stream):
+    """Streamed decodes cut a long prompt's chunks to keep their pace; decodes answered in one piece
+    have no pace a client sees, and cut nothing."""
     w = FakeWorker(512, 4, step_seconds=lambda tokens: 0.002 + 1e-5 * tokens)
     args = ServerArgs(model_path="unused", page_size=4, schedule_policy="fcfs", max_running_requests=4,
                       enable_priority_scheduling=True, tenant_kv_quota=0.5)
     s = Scheduler(SchedulerConfig.of(args), w.ready, CharTokenizer())
-    short = [TokenizedRequest(f"s{i}", [i + 1] * 20, req("x", [1], 24).sampling, namespace=CacheNamespace(salt=f"t{i % 2}"))
-             for i in range(8)]
+    short = [TokenizedRequest(f"s{i}", [i + 1] * 20, req("x", [1], 24).sampling, namespace=CacheNamespace(salt=f"t{i % 2}"),
+                              stream=stream) for i in range(8)]
     long = TokenizedRequest("long", [1 + i % 49 for i in range(1200)], req("x", [1], 4).sampling, priority=5)
     outputs, finish = run(s, w, short + [long], arrivals={8: 12})
     assert all(outputs[r.rid] == reference_generate(r.input_ids, r.sampling.max_new_tokens) for r in short + [long])
     assert all(f.type == "length" for f in finish.values())
-    assert s.step_budget.cut_steps > 0, "the long prompt was prefilled in cut chunks beside the decodes"
+    if stream:
+        assert s.step_budget.cut_steps > 0, "the long prompt was prefilled in cut chunks beside the streamed decodes"
+    else:
+        assert s.step_budget.cut_steps == 0, "decodes answered in one piece never cut a prompt"
     assert_idle_pool(s)
 
 

@@ -149,6 +149,7 @@ class GenerateItem:
     lora_name: str | None = None  # its LoRA adapter (SGLang's lora_path: the adapter's name); None: the base model
     require_reasoning: bool = False  # with --reasoning-parser: its grammar starts after the reasoning
     readout: Readout | None = None  # a prefill-only embedding or score (frontend/readout_calls.py); None: generates
+    stream: bool = False  # its tokens go out as they come (the call's stream)
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ class GenerateInput:
                     return_text_in_logprobs=req.return_text_in_logprobs, namespace=namespaces[i],
                     max_tokens_given=_max_tokens_given(raw_params[i]), log_metrics=req.log_metrics,
                     pin_ttl=pins[i], priority=priorities[i], lora_name=loras[i],
-                    require_reasoning=req.require_reasoning,
+                    require_reasoning=req.require_reasoning, stream=req.stream,
                 ))
         return cls(items, is_batch)
 

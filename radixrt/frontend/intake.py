@@ -45,7 +45,7 @@ class PreparedReq:
         return TokenizedRequest(rid, self.ids, it.sampling, it.return_logprob, self.logprob_start,
                                 it.top_logprobs_num, it.namespace, retention=self.retention, pin_ttl=it.pin_ttl,
                                 priority=it.priority, tenant=it.tenant, lora_name=it.lora_name,
-                                require_reasoning=it.require_reasoning, readout=it.readout)
+                                require_reasoning=it.require_reasoning, readout=it.readout, stream=it.stream)
 
 
 class Intake:

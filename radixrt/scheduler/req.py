@@ -61,6 +61,7 @@ class Req:
     arrived_at: float = 0.0  # time.monotonic() at intake: the waiting timeout's clock
     started_at: float | None = None  # time.monotonic() at its first admission: the running timeout's clock
     long_prefill: bool = False  # a long uncached prompt: the decodes' cadence cuts its chunks (step_budget.py)
+    stream: bool = False  # its client reads tokens as they come: the decodes' cadence guards its pace
     lora_slot: int = -1  # while running: the worker slot of its LoRA adapter (scheduler/lora_slots.py); -1: none
     readout: Readout | None = None  # a prefill-only request's embedding or score (scheduler/readouts.py)
     readout_value: bytes = b""  # what the worker read out so far ("mean": the sum of the rows run)
@@ -68,7 +69,7 @@ class Req:
     @classmethod
     def from_msg(cls, m: TokenizedRequest) -> Req:
         return cls(m.rid, m.input_ids, m.sampling, m.return_logprob, m.logprob_start_len, m.top_logprobs_num, m.namespace,
-                   pin_ttl=m.pin_ttl, require_reasoning=m.require_reasoning, readout=m.readout)
+                   pin_ttl=m.pin_ttl, require_reasoning=m.require_reasoning, readout=m.readout, stream=m.stream)
 
     @property
     def prompt_len(self) -> int:

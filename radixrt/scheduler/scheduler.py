@@ -326,7 +326,7 @@ class Scheduler:
         each from its longest cached prefix, keeping pages back for the running ones' growth."""
         prefilling = [r for r in self.running if not r.is_decoding]
         pending = {r.tenant for r in prefilling} | ({r.tenant for r in self.waiting} if self.free_slots else set())
-        tokens = StepTokens(self.step_budget, [r.kv_len for r in self.running if r.is_decoding],
+        tokens = StepTokens(self.step_budget, [r.kv_len for r in self.running if r.is_decoding and r.stream],
                             self.tenants.shares(pending))
         for r in prefilling:
             n = self.mem.fit_tokens(r, tokens.allow(r, r.extend_len))

@@ -123,7 +123,7 @@ def native_request(body: OpenAISampling, **fields: Any) -> GenerateRequest:
     _, adapter = split_model_name(body.model)  # SGLang's: "base:adapter" wins over lora_path
     return GenerateRequest(return_text_in_logprobs=True, rid=body.rid, cache_salt=body.cache_salt,
                            extra_key=body.extra_key, cache_control=body.cache_control, priority=body.priority,
-                           lora_path=adapter if adapter is not None else body.lora_path, **fields)
+                           lora_path=adapter if adapter is not None else body.lora_path, stream=body.stream, **fields)
 
 
 def _sampling(body: OpenAISampling, overrides: dict[str, Any]) -> SamplingParamsIn:
