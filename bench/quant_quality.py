@@ -5,7 +5,8 @@ candidates: those the bf16 model answers right, greedy) runs through the real en
 
   weights  bf16 (the bf16 checkpoint as it is), w8a8_int8 (quantization="w8a8_int8"),
            int8wo (torchao_config="int8wo"), gguf (the Q4_1 .gguf file itself, dtype bfloat16)
-  KV       auto, int8, fp8_e4m3, fp8_e5m2 (kv_cache_dtype; the start-up check keeps its default threshold)
+  KV       auto, int8, fp8_e4m3, fp8_e5m2, int4 (rotated keys), int4-unrotated (kv_cache_rotation off),
+           int8:int4 (int8 keys, int4 values) (kv_cache_dtype; the start-up check keeps its default threshold)
 
 A combination whose engine does not start is reported as "unavailable: <error>" (a weight option not
 implemented yet, or the KV start-up check refusing the pool) and the run goes on. Per combination:
@@ -45,7 +46,9 @@ from make_smollm2 import ensure_smollm2  # scripts/, on sys.path once common is 
 
 SET_PATH = ROOT / "bench" / "data" / "quant_quality_set.json"
 WEIGHTS = ("bf16", "w8a8_int8", "int8wo", "gguf")
-KV_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+KV_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "int4-unrotated", "int8:int4")
+# KV columns that are not a kv_cache_dtype alone: their engine arguments
+KV_ARGS = {"int4-unrotated": {"kv_cache_dtype": "int4", "kv_cache_rotation": "off"}}
 REFERENCE = "bf16+auto"
 BASE_ARGS = {"max_total_tokens": 32768}  # the same KV pool (in tokens) for every combination
 PER_CATEGORY, MIN_PER_CATEGORY = 40, 20  # the set keeps up to 40 passing items a category; under 20 it is failed
@@ -68,7 +71,7 @@ class Combo:
                    "w8a8_int8": {"model_path": str(model.hf_dir), "quantization": "w8a8_int8"},
                    "int8wo": {"model_path": str(model.hf_dir), "torchao_config": "int8wo"},
                    "gguf": {"model_path": str(model.gguf), "dtype": "bfloat16"}}[self.weights]
-        return {**BASE_ARGS, **extra, **weights, "kv_cache_dtype": self.kv}
+        return {**BASE_ARGS, **extra, **weights, **KV_ARGS.get(self.kv, {"kv_cache_dtype": self.kv})}
 
 
 @dataclass(frozen=True)

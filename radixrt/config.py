@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixrt.kv_settings import KV_FORMAT_NAMES, check_kv_args
 from radixrt.lora_settings import LoraServing, check_lora_args
 from radixrt.pooling import check_pooler_config
 from radixrt.quant_settings import check_quantization_args
@@ -22,7 +23,7 @@ from radixrt.scheduling_settings import TIMEOUT_ENV, check_scheduling_args, env_
 from radixrt.speculative.settings import SpecSettings, spec_settings
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
+KV_CACHE_DTYPES = KV_FORMAT_NAMES  # radixrt/kv_settings.py: one of them, or K:V of two
 CPU_MATMUL_DTYPES = ("auto", "model", "float32")  # radixrt/models/cpu_matmul.py
 CPU_WEIGHT_PACKINGS = ("auto", "onednn", "none")  # radixrt/models/cpu_matmul.py
 PREEMPTION_MODES = ("recompute", "swap", "auto")
@@ -286,7 +287,15 @@ class ServerArgs:
     dist_init_addr: str | None = _arg(None, "host:port of node 0 where the nodes meet (required when nnodes > 1)")
     cuda_graph_max_bs: int = _arg(256, "largest decode batch run from a captured CUDA graph")
     disable_cuda_graph: bool = _arg(False, "run decode eagerly instead of from captured CUDA graphs")
-    kv_cache_dtype: str = _arg("auto", "KV pool storage: auto (the model's dtype), fp8_e4m3, fp8_e5m2 or int8")
+    kv_cache_dtype: str = _arg(
+        "auto", "KV pool storage: auto (the model's dtype), fp8_e4m3, fp8_e5m2, int8 or int4 (a float16 scale per 32 "
+        "elements); K:V for keys and values apart, e.g. int8:int4 (fp8 does not mix)"
+    )
+    kv_cache_rotation: str = _arg(
+        "auto", "store keys rotated by a Hadamard matrix per head, which spreads outlier channels before they are "
+        "quantized (queries are rotated alike: scores unchanged): auto (where keys are int4), on (any quantized "
+        "keys), off"
+    )
     kv_calibration_file: str | None = _arg(
         None, "text file of calibration prompts (paragraphs separated by blank lines) for the quantized-KV start-up "
         "check (default: built-in prose, a number table and code)"
@@ -507,8 +516,7 @@ class ServerArgs:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
 
     def _check_kv_memory(self) -> None:
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        check_kv_args(self.kv_cache_dtype, self.kv_cache_rotation)
         if self.kv_scales_file is not None and not self.kv_cache_dtype.startswith("fp8"):
             raise ValueError(f"kv_scales_file holds fp8 scales; kv_cache_dtype is {self.kv_cache_dtype!r}")
         for name in ("kv_calibration_file", "kv_scales_file"):

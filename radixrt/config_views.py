@@ -48,6 +48,7 @@ class TierConfig(ConfigView):
     model_path: str
     page_size: int
     kv_cache_dtype: str
+    kv_cache_rotation: str  # rotated keys are other bytes
     quantization: str | None  # weights quantized at load compute other KV (a pre-quantized
     torchao_config: str  # checkpoint says so in its config.json, which the fingerprint reads)
     tp_size: int

@@ -51,8 +51,9 @@ def build_batch(page_size: int, seed: int) -> tuple[torch.Tensor, int]:
     return torch.tensor([t + [0] * (width - len(t)) for t in tables]), num_pages
 
 
-# (path, pool format): the compiled kernel serves float32/bf16 pools; the torch path every format
-PATHS = [(n, "auto") for n in NATIVE] + [("torch", "auto"), ("torch", "int8"), ("torch", "fp8_e4m3")]
+# (path, pool format): the compiled kernel serves float32/bf16 and int4 pools (rotated keys, dequantized in
+# the kernel); the torch path every format
+PATHS = [(n, kv) for kv in ("auto", "int4") for n in NATIVE] + [("torch", kv) for kv in ("auto", "int8", "fp8_e4m3", "int4")]
 
 
 @pytest.mark.parametrize("path,kv_dtype", PATHS, ids=[f"{p}-{k}" for p, k in PATHS])
@@ -177,14 +178,16 @@ def test_the_kernel_variant_follows_the_cpu_and_the_override(monkeypatch):
 EXTEND = [(0, 20), (37, 5), (100, 33), (50, 1), (15, 17)]
 
 
+@pytest.mark.parametrize("kv_dtype", ["auto", "int4"])
 @pytest.mark.parametrize("path", [*NATIVE, "torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_extend_batch_matches_naive(path, dtype, page_size, group, head_dim, monkeypatch):
+def test_extend_batch_matches_naive(path, dtype, page_size, group, head_dim, kv_dtype, monkeypatch):
     """Prefill chunks over cached prefixes (the compiled kernel: all in one call with the decodes,
-    each query reading causally up to itself, pages in place) against naive causal attention."""
+    each query reading causally up to itself, pages in place) against naive causal attention over
+    the K/V the pool holds (an int4 pool's dequantized, its rotated keys read back unrotated)."""
     native = use_path(path, monkeypatch)
     torch.manual_seed(group * head_dim + page_size)
     heads, scale = KV_HEADS * group, head_dim**-0.5
@@ -194,7 +197,7 @@ def test_extend_batch_matches_naive(path, dtype, page_size, group, head_dim, mon
     tables = [[free.pop() for _ in range(math.ceil(n / page_size))] for n in kv_lens]
     width = max(len(t) for t in tables)
     page_table = torch.tensor([t + [0] * (width - len(t)) for t in tables])
-    cache = PagedKVCache(1, num_pages, page_size, KV_HEADS, head_dim, dtype, torch.device("cpu"))
+    cache = PagedKVCache(1, num_pages, page_size, KV_HEADS, head_dim, dtype, torch.device("cpu"), kv_dtype)
     backend = TorchBackend(cache, heads, head_dim, [LayerAttention(scale)], native=native)
     slots_of = lambda i, pos: page_table[i, pos // page_size] * page_size + pos % page_size  # noqa: E731
     for i, (prefix, _) in enumerate(EXTEND):

@@ -23,6 +23,10 @@ CONFIGS = {
                               max_running_requests=64),
     "float32-fp8_e4m3-tp2": dict(dtype="float32", kv_cache_dtype="fp8_e4m3", tp_size=2, page_size=4,
                                  max_total_tokens=2048, context_length=2048),
+    # int4 groups a head's elements by 32: qwen3's heads (32 wide), not llama-tiny's (16)
+    "bfloat16-int4-tp1": dict(dtype="bfloat16", kv_cache_dtype="int4", tp_size=1, page_size=16, max_total_tokens=4096),
+    "float32-int8:int4-tp1": dict(dtype="float32", kv_cache_dtype="int8:int4", tp_size=1, page_size=16,
+                                  max_total_tokens=2048),
 }  # fmt: skip
 
 
@@ -35,8 +39,13 @@ def cli_argv(model_path: str, kw: dict) -> list[str]:
 @pytest.mark.parametrize("config", CONFIGS)
 def test_estimate_matches_the_allocated_pool(llama_path, config, capsys, tmp_path):
     kw = CONFIGS[config]
-    est = estimate(ServerArgs(model_path=str(llama_path), device="cpu", **kw), Workload(AVG_SEQ_LEN), mem_bytes=1 << 30)
-    assert main(cli_argv(str(llama_path), kw)) == 0
+    path = llama_path
+    if "int4" in kw["kv_cache_dtype"]:
+        from make_family_models import ensure_family_model
+
+        path = ensure_family_model("qwen3")
+    est = estimate(ServerArgs(model_path=str(path), device="cpu", **kw), Workload(AVG_SEQ_LEN), mem_bytes=1 << 30)
+    assert main(cli_argv(str(path), kw)) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == est.to_json()
     # The quantized pools' start-up check: its floor is off (random weights' near-tied logits flip
@@ -44,7 +53,7 @@ def test_estimate_matches_the_allocated_pool(llama_path, config, capsys, tmp_pat
     calibration = tmp_path / "calibration.txt"
     calibration.write_text("The cat sat on the mat.")
     check = dict(kv_quant_min_agreement=0, kv_calibration_file=str(calibration))
-    with radixrt.Engine(model_path=str(llama_path), device="cpu", log_level="warning", **check, **kw) as engine:
+    with radixrt.Engine(model_path=str(path), device="cpu", log_level="warning", **check, **kw) as engine:
         info = engine.get_server_info()
     for key in ("bytes_per_token", "num_pages", "page_size"):
         assert printed[key] == info[key], key

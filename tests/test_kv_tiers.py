@@ -6,6 +6,8 @@ naming the argument."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 import random
 
 import pytest
@@ -18,6 +20,7 @@ from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.scheduler.kv_tiers import KVTiers
 from support.server_proc import assert_healthy_and_idle, running_server
 from support.workloads import cycling_documents
+from make_family_models import ensure_family_model
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0}
 
@@ -270,6 +273,8 @@ def test_the_disk_tier_is_keyed_by_the_weights_content_not_their_place(llama_pat
     shutil.copytree(llama_path, copy)
     assert fingerprint(copy) == fingerprint(llama_path)  # same weights elsewhere: same KV
     assert fingerprint(llama_path, kv_cache_dtype="int8") != fingerprint(llama_path)
+    int4 = {fingerprint(llama_path, kv_cache_dtype="int4", kv_cache_rotation=r) for r in ("auto", "off")}
+    assert len(int4) == 2 and fingerprint(llama_path, kv_cache_dtype="int8:int4") not in int4  # rotated keys: other bytes
     assert fingerprint(llama_path, page_size=16) != fingerprint(llama_path)
     int8 = {fingerprint(llama_path, quantization="w8a8_int8"), fingerprint(llama_path, torchao_config="int8wo")}
     assert len(int8) == 2 and fingerprint(llama_path) not in int8  # weights quantized at load make other KV
@@ -317,9 +322,14 @@ def tier_split(metas) -> dict[str, int]:
 DOC_LEN = 300
 
 
+@functools.cache
+def documents_of(path: Path) -> list:
+    return cycling_documents(corpus_ids(path), n_docs=6, doc_len=DOC_LEN, questions=2)
+
+
 @pytest.fixture(scope="module")
 def documents(llama_path):
-    return cycling_documents(corpus_ids(llama_path), n_docs=6, doc_len=DOC_LEN, questions=2)
+    return documents_of(llama_path)
 
 
 def computed_prompt_tokens(info) -> int:
@@ -332,22 +342,28 @@ def computed_prompt_tokens(info) -> int:
 # choice would measure (a page of one token is cheaper to recompute than to read from its own file;
 # a slow disk could make page 16 so too): these tests prove restores, tests/test_tier_costs.py the choice.
 TIERS = dict(enable_hierarchical_cache=True, hicache_ratio=1.0, hicache_disk_size=0.01, hicache_load_policy="always")
-# Each setup, and the tiers its second pass must load pages from.
+# Each setup, the tiers its second pass must load pages from, and its model family (int4 groups a
+# head's elements by 32: llama-tiny's heads are 16 wide, qwen3's 32; its random weights agree with their int4 KV
+# below the start-up check's floor, which the test lowers: it proves restores, not precision).
 SETUPS = {
-    "page16": (dict(page_size=16), ("host", "disk")),
-    "page1": (dict(page_size=1), ("host", "disk")),
-    "int8-tp2": (dict(page_size=16, kv_cache_dtype="int8", tp_size=2), ("host", "disk")),
+    "page16": (dict(page_size=16), ("host", "disk"), "llama"),
+    "page1": (dict(page_size=1), ("host", "disk"), "llama"),
+    "int8-tp2": (dict(page_size=16, kv_cache_dtype="int8", tp_size=2), ("host", "disk"), "llama"),
+    "int4": (dict(page_size=16, kv_cache_dtype="int4", kv_quant_min_agreement=0.0), ("host", "disk"), "qwen3"),
 }
 
 
 @pytest.mark.parametrize("setup", SETUPS)
-def test_restored_pages_give_the_tokens_of_a_cold_run(llama_path, documents, tmp_path, setup):
+def test_restored_pages_give_the_tokens_of_a_cold_run(model_paths, tmp_path, setup):
     """Pages loaded back from host memory, from disk, and from disk after a restart (a new engine
     on the same hicache_dir) give a cold run's greedy tokens, token for token; the counters show
     they were loaded, not recomputed. Each tensor-parallel rank keeps its own KV heads' page files
-    (and an int8 pool's scales with them)."""
-    kwargs, loads = SETUPS[setup]
-    args = dict(model_path=str(llama_path), max_total_tokens=768, **kwargs)
+    (and a quantized pool's scales with them: int8's per token, int4's per 32 elements beside its
+    rotated keys)."""
+    kwargs, loads, family = SETUPS[setup]
+    path = model_paths[family] if family in model_paths else ensure_family_model(family)
+    documents = documents_of(path)
+    args = dict(model_path=str(path), max_total_tokens=768, **kwargs)
     with radixrt.Engine(**args, disable_radix_cache=True) as e:  # the same setup with no cache at all
         cold = run_documents(e, documents)
         cache_off = computed_prompt_tokens(e.get_server_info())
@@ -499,7 +515,8 @@ def metric(text: str, name: str, label: str = "") -> float:
         ({"preemption_mode": "swap", "swap_space": 100000}, "swap_space"),
         ({"enable_hierarchical_cache": True, "hicache_dir": "FILE/sub"}, "hicache_dir"),
         ({"enable_hierarchical_cache": True, "hicache_dir": "DIR", "hicache_disk_size": 1e9}, "hicache_disk_size"),
-        ({"kv_cache_dtype": "int4"}, "kv_cache_dtype"),
+        ({"kv_cache_dtype": "int4"}, "int4 needs head_dim a multiple of 32, not 16"),
+        ({"kv_cache_dtype": "fp4_e2m1"}, "fp4_e2m1"),
     ],
 )
 def test_configurations_that_cannot_work_fail_at_start(llama_path, tmp_path, kwargs, words):

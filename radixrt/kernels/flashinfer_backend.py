@@ -123,10 +123,10 @@ def plan_options(la: LayerAttention) -> dict[str, Any]:
 class FlashInferBackend(AttentionBackend):
     def __init__(self, cache: PagedKVCache, num_heads: int, head_dim: int, layers: Sequence[LayerAttention]) -> None:
         super().__init__(cache, num_heads, head_dim, layers)
-        if cache.storage_dtype == torch.int8:  # FlashInfer's paged kernels read fp8 or the model's dtype
-            raise ValueError(
-                "kv_cache_dtype 'int8' is not supported by attention_backend 'flashinfer'; "
-                "use attention_backend 'torch', or kv_cache_dtype fp8_e4m3 / fp8_e5m2"
+        if cache.storage_dtype not in (cache.dtype, torch.float8_e4m3fn, torch.float8_e5m2) or cache.rotate_k:
+            raise ValueError(  # FlashInfer's paged kernels read fp8 or the model's dtype, keys as they are
+                f"kv_cache_dtype {cache.kv_dtype!r}{' with rotated keys' if cache.rotate_k else ''} is not supported by "
+                "attention_backend 'flashinfer'; use attention_backend 'torch', or kv_cache_dtype fp8_e4m3 / fp8_e5m2"
             )
         if cache.dtype not in Q_DTYPES:
             raise ValueError(

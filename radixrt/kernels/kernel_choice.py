@@ -62,7 +62,7 @@ class Shape:
     kv_heads: int
     head_dim: int
     page_size: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # the pool's storage (uint8: int4, packed)
 
 
 @dataclass(frozen=True)
@@ -85,14 +85,20 @@ class Probe:
     def __init__(self, s: Shape, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
         self.scale = s.head_dim**-0.5
-        token_bytes = 2 * s.kv_heads * s.head_dim * torch.empty(0, dtype=s.dtype).element_size()  # K and V
+        int4 = s.dtype == torch.uint8  # packed int4 (kv_quant.py): two values a byte, a float16 scale per 32
+        token_bytes = 2 * s.kv_heads * (s.head_dim // 2 + s.head_dim // 16 if int4 else s.head_dim * s.dtype.itemsize)
         decodes = max(8, DECODE_BYTES // (DECODE_LEN * token_bytes))
         lens = {"decode": [DECODE_LEN] * decodes, "extend": [EXTEND[1] + EXTEND[2]] * EXTEND[0], "cascade": [CASCADE[1]]}
         widths = {c: -(-max(n) // s.page_size) for c, n in lens.items()}
         num_pages = sum(len(n) * widths[c] for c, n in lens.items())
         order = torch.randperm(num_pages, generator=g)
         shape = (num_pages, s.page_size, s.kv_heads, s.head_dim)
-        self.k, self.v = (torch.randn(shape, generator=g).to(s.dtype) for _ in range(2))
+        self.scales = None
+        if int4:
+            self.k, self.v = (torch.randint(0, 256, (*shape[:3], s.head_dim // 2), generator=g, dtype=torch.uint8) for _ in range(2))
+            self.scales = tuple((torch.rand(*shape[:3], s.head_dim // 32, generator=g) / 4).half() for _ in range(2))
+        else:
+            self.k, self.v = (torch.randn(shape, generator=g).to(s.dtype) for _ in range(2))
         # q rows per class: decode [requests, heads, D]; extend [requests * new, heads, D] with q_starts;
         # cascade [1, members * heads, D], the members' rows of a KV head as its group (as _grouped_prefixes calls)
         q_shapes = {"decode": (decodes, s.heads), "extend": (EXTEND[0] * EXTEND[2], s.heads), "cascade": (1, CASCADE[0] * s.heads)}
@@ -107,7 +113,7 @@ class Probe:
 
     def run(self, kernel: NativeAttention, cls: str) -> torch.Tensor:
         q, pages, lens, q_starts = self.args[cls]
-        return kernel(q, self.k, self.v, pages, lens, self.scale, q_starts=q_starts)[0]
+        return kernel(q, self.k, self.v, pages, lens, self.scale, q_starts=q_starts, scales=self.scales)[0]
 
 
 def choose_kernels(shape: Shape) -> KernelChoice | None:

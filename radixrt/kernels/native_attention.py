@@ -11,8 +11,8 @@ no torch headers to compile (a build takes about a second) and nothing for the u
 install. Where it cannot build, the caller keeps the torch path (decode_attention.py)
 and the log says why, once.
 
-It serves pools of float32 and bfloat16; quantized pools (int8, fp8) and float16 take
-the torch path, which dequantizes them.
+It serves pools of float32, bfloat16 and int4 (each block's rows dequantized once, in the
+kernel); int8, fp8 and float16 pools take the torch path, which dequantizes them.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ import torch
 from radixrt.kernels.native_build import Isa, build
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
-KINDS = {torch.float32: 0, torch.bfloat16: 1}  # pool dtype -> the kernel's `kind`
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2}  # pool dtype -> the kernel's `kind` (uint8: int4, packed)
 ERRORS = {1: "unknown pool dtype", 2: "heads not a multiple of KV heads", 3: "out of memory",
           4: "negative window or soft cap", 5: "head_dim not a multiple of the variant's vector lanes",
-          6: "a request with no queries, or more than its tokens", 7: "its brgemm functions were not set"}  # fmt: skip
+          6: "a request with no queries, or more than its tokens", 7: "its brgemm functions were not set",
+          8: "an int4 pool needs head_dim a multiple of 32, at most 256, and its scales"}  # fmt: skip
 # at::native::cpublas's brgemm (bf16 x bf16 -> float32), pack and brgemm_release, as libtorch_cpu exports them
 BRGEMM_SYMBOLS = ("_ZN2at6native7cpublas6brgemmEllllllbPKN3c108BFloat16ES5_Pfb",
                   "_ZN2at6native7cpublas4packEllllN3c1010ScalarTypeES3_PKvPv",
@@ -50,7 +51,7 @@ class NativeAttention:
         self._fn.restype = ctypes.c_int
         p, i = ctypes.c_void_p, ctypes.c_int
         f, i64 = ctypes.c_float, ctypes.c_int64
-        self._fn.argtypes = [p, p, p, i, p, i64, p, p, i, i, i, i, i, f, i64, f, p, p]
+        self._fn.argtypes = [p, p, p, i, p, p, p, i64, p, p, i, i, i, i, i, f, i64, f, p, p]
 
     def __call__(
         self,
@@ -64,6 +65,7 @@ class NativeAttention:
         window: int | None = None,
         softcap: float | None = None,
         q_starts: torch.Tensor | None = None,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q: [T, heads, D] float32 query rows; k_pool, v_pool: [pages, page_size, kv_heads, D] float32
         or bf16; pages: [B, P] int64 page ids from each request's first; kv_lens: [B] int64 tokens of
@@ -72,20 +74,24 @@ class NativeAttention:
         itself (None: one query per request, T == B: decode)
         -> out [T, heads, D] float32, and lse [T, heads] float32 when want_lse (else None).
         window: a query reads only the last `window` tokens up to itself; softcap: scores capped by
-        softcap * tanh(score / softcap) (see LayerAttention)."""
+        softcap * tanh(score / softcap) (see LayerAttention). An int4 pool (uint8, [pages, page_size, kv_heads,
+        D / 2]) comes with its scales: (K's, V's), [pages, page_size, kv_heads, D / 32] float16 each."""
         T, H, D = q.shape
         B = kv_lens.shape[0]
         _, page_size, kv_heads, _ = k_pool.shape
         if q_starts is None:
             assert T == B, "without q_starts, one query per request"
             q_starts = torch.arange(B + 1, dtype=torch.int64)
-        for t in (q, k_pool, v_pool, pages, kv_lens, q_starts):
+        k_scales, v_scales = scales if scales is not None else (None, None)
+        for t in (q, k_pool, v_pool, pages, kv_lens, q_starts, *(scales or ())):
             assert t.is_contiguous() and t.device.type == "cpu"
         assert q.dtype == torch.float32 and pages.dtype == kv_lens.dtype == q_starts.dtype == torch.int64
         out = torch.empty_like(q)
         lse = torch.empty(T, H, dtype=torch.float32) if want_lse else None
         err = self._fn(
-            q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), KINDS[k_pool.dtype], pages.data_ptr(), pages.shape[1],
+            q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), KINDS[k_pool.dtype],
+            k_scales.data_ptr() if k_scales is not None else None, v_scales.data_ptr() if v_scales is not None else None,
+            pages.data_ptr(), pages.shape[1],
             kv_lens.data_ptr(), q_starts.data_ptr(), B, H, kv_heads, D, page_size, scale, window or 0, softcap or 0.0,
             out.data_ptr(), lse.data_ptr() if lse is not None else None,
         )

@@ -69,7 +69,8 @@ from radixrt.kernels.backend import AttentionBackend, AttentionMetadata, LayerAt
 from radixrt.kernels.decode_attention import attend, group_queries, merge
 from radixrt.kernels.kv_cache import PagedKVCache
 from radixrt.kernels.kernel_choice import KernelChoice, Shape, choose_kernels
-from radixrt.kernels.native_attention import KINDS
+from radixrt.kernels.kv_quant import rotated
+from radixrt.kernels.native_attention import KINDS, NativeAttention
 
 
 # The explicit (softcapped) prefill path holds at most this many float32 scores at once.
@@ -199,8 +200,7 @@ class TorchBackend(AttentionBackend):
         n, kv_heads, group, D = qg.shape
         C = n // per
         qc = qg.view(C, per, kv_heads, group, D).transpose(1, 2).reshape(C, -1, D).contiguous()
-        op, lse = self.kernels.cascade(qc, self.cache.k[layer], self.cache.v[layer], pages, lens, la.scale, want_lse=True,
-                              softcap=la.softcap)
+        op, lse = self._native(self.kernels.cascade, qc, layer, pages, lens, la)
         op = op.view(C, kv_heads, per, group, D).transpose(1, 2).reshape(n, kv_heads * group, D)
         return op, lse.view(C, kv_heads, per, group).transpose(1, 2).reshape(n, kv_heads * group)
 
@@ -227,12 +227,20 @@ class TorchBackend(AttentionBackend):
         B, H, D = q.shape
         if self.kernels is not None:  # one row per request: a decode; more: prefill chunks among them
             kernel = self.kernels.decode if q.shape[0] == run.lens.shape[0] else self.kernels.extend
-            k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]
-            return kernel(q.float().contiguous(), k_pool, v_pool, run.pages, run.lens, la.scale, want_lse=True,
-                               window=run.window, softcap=la.softcap, q_starts=q_starts)
+            return self._native(kernel, q, layer, run.pages, run.lens, la, window=run.window, q_starts=q_starts)
         k, v = self.cache.read_heads(layer, run.slots)  # [B, kv_heads, max_read, head_dim] float32
         out, lse = attend(group_queries(q, k.shape[1]), k, v, run.bias, la.scale, la.softcap)
         return out.reshape(B, H, D), lse.reshape(B, H)
+
+    def _native(self, kernel: NativeAttention, q: torch.Tensor, layer: int, pages: torch.Tensor, lens: torch.Tensor,
+                la: LayerAttention, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+        """The compiled kernel over this layer's pool (an int4 pool with its scales): out and lse, float32. Over
+        rotated keys (kv_quant.py) the queries are rotated too, which leaves every score as it was."""
+        cache = self.cache
+        scales = (cache.k_scales[layer], cache.v_scales[layer]) if cache.storage_dtype == torch.uint8 else None
+        q = rotated(q) if cache.rotate_k else q.float()
+        return kernel(q.contiguous(), cache.k[layer], cache.v[layer], pages, lens, la.scale, want_lse=True,
+                      softcap=la.softcap, scales=scales, **kw)
 
     def _prefill(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, la: LayerAttention

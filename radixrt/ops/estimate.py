@@ -56,6 +56,7 @@ from pathlib import Path
 import torch
 
 from radixrt.config import KV_CACHE_DTYPES, ServerArgs
+from radixrt.kv_settings import check_head_dim
 from radixrt.launch_server import OneLineParser
 from radixrt.models.config import ModelConfig
 from radixrt.models.dtype import resolve_dtype
@@ -140,7 +141,8 @@ def estimate(args: ServerArgs, workload: Workload, mem_bytes: int | None = None)
     workload_pages = workload.pages(concurrency, ps)
     pages = args.max_total_tokens // ps if args.max_total_tokens is not None else workload_pages  # as plan_num_pages
     b = sizer.breakdown(tp, args.kv_cache_dtype, concurrency, pages)
-    rows = {kv: kv_dtype_row(sizer, tp, kv, concurrency, workload) for kv in KV_CACHE_DTYPES}
+    kv_dtypes = [kv for kv in dict.fromkeys((*KV_CACHE_DTYPES, args.kv_cache_dtype)) if takes(kv, cfg.head_dim)]
+    rows = {kv: kv_dtype_row(sizer, tp, kv, concurrency, workload) for kv in kv_dtypes}
     return Estimate(
         model_path=str(args.model_path), device=device, dtype=dtype, kv_cache_dtype=args.kv_cache_dtype, tp_size=tp,
         page_size=ps, context_length=context, max_running_requests=concurrency, avg_seq_len=workload.avg_seq_len,
@@ -161,6 +163,15 @@ def checkpoint_dir(model_path: str) -> Path:
 def tensor_meta(model_dir: Path) -> dict[str, TensorMeta]:
     """The checkpoint's tensors by name: safetensors headers, or a GGUF sidecar's file header."""
     return gguf_tensor_meta(model_dir) if gguf_source(model_dir) is not None else checkpoint_tensors(model_dir)
+
+
+def takes(kv_dtype: str, head_dim: int) -> bool:
+    """Whether the pool can store this model's heads in kv_dtype (int4 needs head_dim a multiple of 32)."""
+    try:
+        check_head_dim(kv_dtype, head_dim)
+    except ValueError:
+        return False
+    return True
 
 
 def kv_dtype_row(sizer: Sizer, tp_size: int, kv_dtype: str, concurrency: int, workload: Workload) -> KVDtypeRow:

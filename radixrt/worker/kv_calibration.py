@@ -178,7 +178,7 @@ def check_quantized_pool(
     between) and compare; raise KVCalibrationError below min_agreement. make_attn builds an
     attention backend over another pool."""
     cache: PagedKVCache = attn.cache
-    num_layers, (_, page, kv_heads, head_dim) = len(cache.k), cache.k[0].shape
+    num_layers, page, kv_heads, head_dim = len(cache.k), cache.page_size, cache.num_kv_heads, cache.head_dim
     share = cache.num_pages // len(prompts) * page  # the prompts run side by side: a small pool shortens them
     if share < 1:
         raise ValueError(f"a pool of {cache.num_pages} pages cannot hold {len(prompts)} calibration prompts")

@@ -30,6 +30,7 @@ import torch
 
 from radixrt.config_views import TierConfig
 from radixrt.kernels import PagedKVCache
+from radixrt.kv_settings import rotates_keys
 from radixrt.messages import DISK_PAGE_GLOB, DiskFaults, KVMove, MoveKind, MoveTime
 from radixrt.utils.gguf_sidecar import gguf_source
 from radixrt.worker.disk_tier import DiskTier, PageFiles
@@ -58,7 +59,8 @@ def weights_fingerprint(
 ) -> str:
     """What makes KV reusable across runs: the weights' whole content (config.json and a digest of
     each of weight_files; where the files live does not matter), the dtypes, the weights' quantization
-    at load, the page size, the tensor-parallel split and an fp8 pool's per-layer scales (stored bytes mean nothing without them).
+    at load, the page size, the tensor-parallel split, an fp8 pool's per-layer scales (stored bytes mean nothing without them)
+    and whether keys are stored rotated.
     model_path: the checkpoint (default tiers.model_path; a weight update names the new one). File
     digests are remembered by path, size and mtime (digest_memo_dir), so a restart does not rehash
     gigabytes."""
@@ -95,6 +97,8 @@ def weights_fingerprint(
         h.update(json.dumps([tiers.quantization, tiers.torchao_config]).encode())
     if fp8_scales is not None:
         h.update(json.dumps(fp8_scales).encode())
+    if rotates_keys(tiers.kv_cache_dtype, tiers.kv_cache_rotation):  # the same keys, other bytes
+        h.update(b"rotated keys")
     return h.hexdigest()[:20]
 
 

@@ -23,6 +23,7 @@ from radixrt.config import ServerArgs
 from radixrt.config_views import PoolConfig, TierConfig
 from radixrt.kernels import AttentionBackend, PagedKVCache, create_attention_backend
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
+from radixrt.kv_settings import rotates_keys
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.checkpoint_quant import weight_scheme
 from radixrt.models.cpu_matmul import (
@@ -183,7 +184,7 @@ def build_kv_pool(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, device
     ranks_per_memory = ranks.tp.size if device.type == "cpu" else 1  # CPU ranks share the host's RAM
     num_pages = ranks.fewest(plan_num_pages(PoolConfig.of(args), bytes_per_token, device, context_length, ranks_per_memory))
     cache = PagedKVCache(cfg.num_layers, num_pages, args.page_size, kv_heads, cfg.head_dim, dtype, device,
-                         args.kv_cache_dtype)
+                         args.kv_cache_dtype, rotates_keys(args.kv_cache_dtype, args.kv_cache_rotation))
     return cache, bytes_per_token
 
 
@@ -243,7 +244,7 @@ def spot_checker(args: ServerArgs, model: torch.nn.Module, cache: PagedKVCache, 
     (None: spot checks are off)."""
     if args.quality_spot_check_rate <= 0:
         return None
-    layers, (_, _, kv_heads, head_dim) = len(cache.k), cache.k[0].shape  # the serving pool's
+    layers, kv_heads, head_dim = len(cache.k), cache.num_kv_heads, cache.head_dim  # the serving pool's
     pages = math.ceil(context_length / args.page_size)
     pool = PagedKVCache(layers, pages, args.page_size, kv_heads, head_dim, dtype, device)
     logger.info("quality spot checks: a %s reference pool of %d pages (%.1f MiB)", dtype, pages,

@@ -38,6 +38,8 @@
  * Layouts (all contiguous, row-major):
  *   q      [T, H, D] float32 query rows       out  [T, H, D] float32
  *   pool   [slots, KVH, D] of `kind`          lse  [T, H] float32, or NULL
+ *          (int4: [slots, KVH, D / 2] bytes, two values each, and scales [slots, KVH, D / 32] float16;
+ *          a task dequantizes each block's rows once per KV head, into float32 scratch in L1)
  *   pages  [B, pages_stride] int64: request b's i-th page id; slot = page * page_size + offset
  *   kv_lens [B] int64: tokens of request b, its new ones included
  *   q_starts [B + 1] int64: request b's queries are rows q_starts[b] .. q_starts[b + 1] - 1
@@ -47,7 +49,8 @@
  * softmax (Gemma 2); 0: scores as they are.
  * Returns 0, or: 1 unknown kind, 2 H not a multiple of KVH, 3 out of memory, 4 bad window or
  * softcap, 5 D not a multiple of this variant's vector lanes, 6 a request with no queries or
- * more queries than tokens, 7 (the BRGEMM variant) its brgemm functions not set.
+ * more queries than tokens, 7 (the BRGEMM variant) its brgemm functions not set, 8 an int4 pool whose head_dim
+ * is not a multiple of 32 or above 256, or without its scales.
  * The python reference is radixrt/kernels/decode_attention.py (attend); tests hold every variant to
  * naive attention.
  */
@@ -57,7 +60,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { KIND_F32 = 0, KIND_BF16 = 1 };
+enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_INT4 = 2 };
+#define INT4_GROUP 32 /* elements of a token's head per float16 scale (radixrt/kv_settings.py) */
 
 #include "simd.h"
 
@@ -75,6 +79,28 @@ enum { KIND_F32 = 0, KIND_BF16 = 1 };
 
 ALWAYS_INLINE vf load_kind(const void *pool, int64_t offset, const int kind) {
     return kind == KIND_BF16 ? v_load_bf16((const uint16_t *)pool + offset) : v_load((const float *)pool + offset);
+}
+
+/* IEEE half -> float, in plain C (every variant; F16C is not among the scalar variant's flags). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) { /* zero or subnormal: man * 2^-24 */
+        const float f = (float)man * (1.0f / 16777216.0f);
+        return sign ? -f : f;
+    }
+    bits = sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* dst[0 .. D) = the int4 row at element offset `at` (two values a byte, low nibble first, stored + 8), each
+ * group of INT4_GROUP times its float16 scale: the pool's values as kv_quant.dequantize_int4 reads them. */
+static inline void int4_row(const uint8_t *pool, const uint16_t *scales, int64_t at, int D, float *dst) {
+    const uint8_t *bytes = pool + at / 2;
+    const uint16_t *sc = scales + at / INT4_GROUP;
+    for (int g = 0; g < D / INT4_GROUP; g++) v_int4_group(bytes + g * INT4_GROUP / 2, half_to_float(sc[g]), dst + g * INT4_GROUP);
 }
 
 /* offs[i] = where token t0 + i's row (KV head 0) starts in the pool, for i < TB; tokens past the
@@ -100,11 +126,11 @@ static inline void block_offsets(const int64_t *pages, int page_size, int64_t t0
  * block's worth of L1 requests at once stalls the loads of the block being read. Measured on an
  * AVX-512 EPYC, decodes at batch 64 over 530 tokens from DRAM: 1.5-2.2x faster than prefetcht0
  * over four shapes and both vector widths, prefill chunks 1.0-1.1x. */
-static inline void prefetch_block(const void *pool, int elem, const int64_t *offs, int h0, int NH, int D) {
-    const char *p = (const char *)pool;
-    const int64_t bytes = (int64_t)NH * D * elem;
+static inline void prefetch_block(const void *pool, int halves, const int64_t *offs, int h0, int NH, int D) {
+    const char *p = (const char *)pool; /* halves: half-bytes per element (int4: 1) */
+    const int64_t bytes = (int64_t)NH * D * halves / 2;
     for (int i = 0; i < TB; i++) {
-        const char *row = p + (offs[i] + (int64_t)h0 * D) * elem;
+        const char *row = p + (offs[i] + (int64_t)h0 * D) * halves / 2;
         for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 2);
     }
 }
@@ -205,7 +231,24 @@ ALWAYS_INLINE int pv_rows(const float *w, int64_t stride, const void *v_pool, co
 #define MAX_GEMM_D 256 /* head_dim up to which the GEMM tiles serve (their block buffers are on the stack) */
 
 /* kt[d * TB + i] = K row i's element d (the rows at offs), in float32: the block transposed. */
-static inline void widen_transposed(const void *k_pool, const int kind, const int64_t *offs, int D, float *kt) {
+static inline void widen_transposed(const void *k_pool, const int kind, const int64_t *offs, int D, float *kt,
+                                    const uint16_t *scales) {
+    if (kind == KIND_INT4) { /* the block's rows dequantized into L1, then transposed */
+        float rows[TB * MAX_GEMM_D];
+        for (int i = 0; i < TB; i++) int4_row(k_pool, scales, offs[i], D, rows + i * D);
+#if defined(RADIXRT_AVX512_FAMILY) && TB == 16
+        for (int d = 0; d < D; d += 16) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(rows + i * D + d));
+            v_transpose16(r);
+            for (int j = 0; j < 16; j++) _mm512_storeu_si512((void *)(kt + (d + j) * TB), r[j]);
+        }
+#else
+        for (int i = 0; i < TB; i++)
+            for (int d = 0; d < D; d++) kt[d * TB + i] = rows[i * D + d];
+#endif
+        return;
+    }
 #if defined(RADIXRT_AVX512_FAMILY) && TB == 16
     for (int d = 0; d < D; d += 16) { /* 16 tokens x 16 elements at a time, transposed in registers */
         __m512i r[16];
@@ -224,7 +267,12 @@ static inline void widen_transposed(const void *k_pool, const int kind, const in
 }
 
 /* vb[i * D + d] = V row i's element d (the rows at offs), in float32. */
-static inline void widen_rows(const void *v_pool, const int kind, const int64_t *offs, int D, float *vb) {
+static inline void widen_rows(const void *v_pool, const int kind, const int64_t *offs, int D, float *vb,
+                              const uint16_t *scales) {
+    if (kind == KIND_INT4) {
+        for (int i = 0; i < TB; i++) int4_row(v_pool, scales, offs[i], D, vb + i * D);
+        return;
+    }
     for (int i = 0; i < TB; i++)
         for (int d = 0; d < D; d += VL) v_store(vb + i * D + d, load_kind(v_pool, offs[i] + d, kind));
 }
@@ -409,6 +457,16 @@ static float softmax_row(float *s, int64_t lo, int64_t hi, int64_t Np, float sof
     return m + logf(sum);
 }
 
+/* A block's rows of one KV head (at `head` elements into each token's row): offs[i] = where row i starts
+ * in the pool; returns the pool, or for int4 `scratch`, which then holds the rows dequantized, D apart. */
+static inline const void *head_block(const int kind, const void *pool, const uint16_t *scales, const int64_t *base,
+                                     int64_t head, int D, int64_t *offs, float *scratch) {
+    for (int i = 0; i < TB; i++) offs[i] = base[i] + head;
+    if (kind != KIND_INT4) return pool;
+    for (int i = 0; i < TB; i++) int4_row(pool, scales, offs[i], D, scratch + i * D);
+    return scratch;
+}
+
 /* One task: query positions [p0, p1) of a request (P = p1 - p0 of them, its queries' rows in q and
  * out `q_stride` floats apart), the G rows of each of KV heads [h0, h0 + NH). Position p reads
  * tokens [lo[p - p0], hi[p - p0]) of the request, all within [t0, t0 + N). q, out point at
@@ -417,6 +475,7 @@ static float softmax_row(float *s, int64_t lo, int64_t hi, int64_t Np, float sof
  * column t - t0. */
 typedef struct {
     const void *k_pool, *v_pool;
+    const uint16_t *k_scales, *v_scales; /* int4: a float16 scale per INT4_GROUP elements; else NULL */
     const int64_t *pages;
     int KVH, D, page_size;
     float scale, softcap;
@@ -426,7 +485,7 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                                const int64_t *lo, const int64_t *hi, int64_t t0, int64_t N, int h0, int NH, int G,
                                float *scores, int64_t Np, uint16_t *q16, float *out, float *lse, int64_t lse_stride) {
     const int D = pool->D, KVH = pool->KVH;
-    const int elem = kind == KIND_BF16 ? 2 : 4;
+    const int halves = kind == KIND_INT4 ? 1 : kind == KIND_BF16 ? 4 : 8; /* half-bytes per element */
     /* many query rows per KV head: scores in GEMM tiles. Where the bf16 dot product serves (q16), every
      * task goes by them, decodes too: a block's K transposed by pairs in registers, 16 scores of a row per
      * instruction with no horizontal sums, two elements per lane (the widening path's 4-token tiles end
@@ -455,10 +514,10 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
         memcpy(base, ahead, sizeof base);
         if (b0 + TB < N) { /* the next block's K rows; after the last, the first block's V rows (step 3) */
             BLOCK_AT(b0 + TB, ahead);
-            prefetch_block(pool->k_pool, elem, ahead, h0, NH, D);
+            prefetch_block(pool->k_pool, halves, ahead, h0, NH, D);
         } else {
             BLOCK_AT(0, ahead);
-            prefetch_block(pool->v_pool, elem, ahead, h0, NH, D);
+            prefetch_block(pool->v_pool, halves, ahead, h0, NH, D);
         }
         if (gemm) {
             for (int h = 0; h < NH; h++) {
@@ -484,22 +543,24 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                     continue;
                 }
 #endif
-                widen_transposed(pool->k_pool, kind, offs, D, kt);
+                widen_transposed(pool->k_pool, kind, offs, D, kt, pool->k_scales);
                 qk_gemm_rows(qp, kt, D, n, pool->scale, sp);
             }
             continue;
         }
-        for (int p = 0; p < P; p++) {
-            const int64_t from = lo[p] - t0 > b0 ? (lo[p] - t0 - b0) & ~(int64_t)3 : 0; /* first group of 4 it reads */
-            const int64_t to = hi[p] - t0 - b0 < TB ? hi[p] - t0 - b0 : TB;
-            for (int h = 0; h < NH; h++) {
-                for (int i = 0; i < TB; i++) offs[i] = base[i] + (int64_t)(h0 + h) * D;
+        for (int h = 0; h < NH; h++) {
+            const void *k_rows = head_block(kind, pool->k_pool, pool->k_scales, base, (int64_t)(h0 + h) * D, D, offs, kt);
+            const int64_t *rows = kind == KIND_INT4 ? rows_of_vb : offs; /* where k_rows holds the block's rows */
+            for (int p = 0; p < P; p++) {
+                const int64_t from = lo[p] - t0 > b0 ? (lo[p] - t0 - b0) & ~(int64_t)3 : 0; /* first group of 4 it reads */
+                const int64_t to = hi[p] - t0 - b0 < TB ? hi[p] - t0 - b0 : TB;
                 for (int g0 = 0; g0 < G; g0 += GT) {
                     const int gn = G - g0 < GT ? G - g0 : GT;
                     const int64_t row = ((int64_t)p * NH + h) * G + g0;
                     const float *qr = q + p * q_stride + ((int64_t)h * G + g0) * D;
                     for (int64_t i = from; i < to; i += 4)
-                        qk_rows(qr, pool->k_pool, kind, offs + i, D, gn, pool->scale, scores + row * Np + b0 + i, Np);
+                        qk_rows(qr, k_rows, kind == KIND_INT4 ? KIND_F32 : kind, rows + i, D, gn, pool->scale,
+                                scores + row * Np + b0 + i, Np);
                 }
             }
         }
@@ -514,7 +575,7 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
         memcpy(base, ahead, sizeof base);
         if (b0 + TB < N) {
             BLOCK_AT(b0 + TB, ahead);
-            prefetch_block(pool->v_pool, elem, ahead, h0, NH, D);
+            prefetch_block(pool->v_pool, halves, ahead, h0, NH, D);
         }
         if (gemm) { /* the block's V widened once per KV head, for every row tile */
             for (int h = 0; h < NH; h++) {
@@ -523,7 +584,7 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                 if (q16) pair_rows(pool->v_pool, offs, D, (uint32_t *)vb);
                 else
 #endif
-                    widen_rows(pool->v_pool, kind, offs, D, vb);
+                    widen_rows(pool->v_pool, kind, offs, D, vb, pool->v_scales);
                 for (int p = 0; p < P; p++) {
                     if (lo[p] - t0 >= b0 + TB || hi[p] - t0 <= b0) continue;
                     for (int g0 = 0; g0 < G; g0 += GT) {
@@ -544,16 +605,18 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
             }
             continue;
         }
-        for (int p = 0; p < P; p++) {
-            if (lo[p] - t0 >= b0 + TB || hi[p] - t0 <= b0) continue; /* the block is outside what it reads */
-            for (int h = 0; h < NH; h++) {
-                for (int i = 0; i < TB; i++) offs[i] = base[i] + (int64_t)(h0 + h) * D;
+        for (int h = 0; h < NH; h++) {
+            const void *v_rows = head_block(kind, pool->v_pool, pool->v_scales, base, (int64_t)(h0 + h) * D, D, offs, vb);
+            const int64_t *rows = kind == KIND_INT4 ? rows_of_vb : offs;
+            for (int p = 0; p < P; p++) {
+                if (lo[p] - t0 >= b0 + TB || hi[p] - t0 <= b0) continue; /* the block is outside what it reads */
                 for (int g0 = 0; g0 < G; g0 += GT) {
                     const int gn = G - g0 < GT ? G - g0 : GT;
                     const int64_t row = ((int64_t)p * NH + h) * G + g0;
                     float *o = out + p * q_stride + ((int64_t)h * G + g0) * D;
                     for (int d0 = 0; d0 < D;)
-                        d0 += VL * pv_rows(scores + row * Np + b0, Np, pool->v_pool, kind, offs, d0, o, D, gn);
+                        d0 += VL * pv_rows(scores + row * Np + b0, Np, v_rows, kind == KIND_INT4 ? KIND_F32 : kind, rows,
+                                           d0, o, D, gn);
                 }
             }
         }
@@ -577,6 +640,12 @@ static void attend_task_bf16(const Pool *pool, const float *q, int64_t q_stride,
 #include "brgemm_tiles.h"
 #endif
 
+static void attend_task_int4(const Pool *pool, const float *q, int64_t q_stride, int P, const int64_t *lo, const int64_t *hi,
+                             int64_t t0, int64_t N, int h0, int NH, int G, float *scores, int64_t Np, uint16_t *q16,
+                             float *out, float *lse, int64_t lse_stride) {
+    attend_task(KIND_INT4, pool, q, q_stride, P, lo, hi, t0, N, h0, NH, G, scores, Np, NULL, out, lse, lse_stride);
+}
+
 #define PC 16 /* query positions per task: a request's K/V is read once per chunk of this many */
 
 /* The token range [lo, hi) of each query position of request b: its n queries are the last n of its
@@ -587,10 +656,11 @@ static inline void position_range(int64_t kv_len, int64_t n, int64_t i, int64_t 
 }
 
 int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, const void *v_pool, int kind,
-                                           const int64_t *pages, int64_t pages_stride, const int64_t *kv_lens,
+                                           const uint16_t *k_scales, const uint16_t *v_scales, const int64_t *pages, int64_t pages_stride, const int64_t *kv_lens,
                                            const int64_t *q_starts, int B, int H, int KVH, int D, int page_size,
                                            float scale, int64_t window, float softcap, float *out, float *lse) {
-    if (kind != KIND_F32 && kind != KIND_BF16) return 1;
+    if (kind != KIND_F32 && kind != KIND_BF16 && kind != KIND_INT4) return 1;
+    if (kind == KIND_INT4 && (D % INT4_GROUP || D > MAX_GEMM_D || !k_scales || !v_scales)) return 8;
     if (H % KVH) return 2;
     if (window < 0 || softcap < 0.0f) return 4;
     if (D % VL) return 5;
@@ -619,14 +689,14 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
     int64_t *chunk_pos = chunk_req + chunks, at = 0;
     for (int b = 0; b < B; b++)
         for (int64_t c = 0; c < q_starts[b + 1] - q_starts[b]; c += PC) chunk_req[at] = b, chunk_pos[at++] = c;
-    const int64_t row_bytes = (int64_t)KVH * D * (kind == KIND_BF16 ? 2 : 4);
+    const int64_t row_bytes = (int64_t)KVH * D * (kind == KIND_INT4 ? 1 : kind == KIND_BF16 ? 4 : 8) / 2;
     const int splits = chunks >= 2 * omp_get_max_threads() && row_bytes <= 512 ? 1 : KVH;
     const int per_task = KVH / splits;
     const int64_t Np = (widest + TB - 1) / TB * TB;
-    const Pool pool = {k_pool, v_pool, NULL, KVH, D, page_size, scale, softcap};
+    const Pool pool = {k_pool, v_pool, k_scales, v_scales, NULL, KVH, D, page_size, scale, softcap};
     void (*task_fn)(const Pool *, const float *, int64_t, int, const int64_t *, const int64_t *, int64_t, int64_t, int,
                     int, int, float *, int64_t, uint16_t *, float *, float *, int64_t) =
-        kind == KIND_BF16 ? attend_task_bf16 : attend_task_f32;
+        kind == KIND_INT4 ? attend_task_int4 : kind == KIND_BF16 ? attend_task_bf16 : attend_task_f32;
 #ifdef HAVE_DOT_BF16
     /* The bf16 dot product computes the scores of a bf16 pool's GEMM-tiled tasks (many rows per KV head). */
     const int dot = kind == KIND_BF16 && D % 32 == 0;

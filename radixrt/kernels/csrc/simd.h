@@ -3,7 +3,7 @@
  * (AVX512BF16 and AVX512: 16 float32 lanes, the first with a bf16 dot product; BRGEMM: AVX512BF16's
  * layer, its many-row tasks through brgemm_tiles.h; AVX2: 8;
  * SCALAR: 1, plain C for any target). A kernel uses only
- * these names (vf, VL, v_*), so its source is the same for every variant; ISA_NAME suffixes its
+ * these names (vf, VL, v_*; v_int4_group dequantizes 32 int4 values), so its source is the same for every variant; ISA_NAME suffixes its
  * entry points (CAT(radixrt_name, ISA_NAME) -> radixrt_name_avx512).
  */
 #ifndef RADIXRT_SIMD_H
@@ -55,6 +55,14 @@ static inline vf v_copysign(vf mag, vf sign) {
     return _mm512_or_ps(mag, _mm512_and_ps(sign, _mm512_set1_ps(-0.0f)));
 }
 static inline __m256 halves_added(vf x) { return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1)); }
+/* dst[0 .. 32) = (q - 8) * scale for the 32 4-bit values of 16 bytes (element 2i in byte i's low nibble) */
+static inline void v_int4_group(const uint8_t *bytes, float scale, float *dst) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)bytes), m = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    const vf s = v_set1(scale), off = v_set1(-8.0f * scale);
+    _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))), s, off));
+    _mm512_storeu_ps(dst + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi))), s, off));
+}
 /* r[i] lane j <- r[j] lane i: a 16 x 16 block of 32-bit elements transposed in registers (4 rounds of
  * 16 shuffles: pairs, quads, 128-bit lanes, halves), for K blocks read with their tokens across lanes. */
 static inline void v_transpose16(__m512i r[16]) {
@@ -113,6 +121,16 @@ static inline vf v_copysign(vf mag, vf sign) {
     return _mm256_or_ps(mag, _mm256_and_ps(sign, _mm256_set1_ps(-0.0f)));
 }
 static inline __m256 halves_added(vf x) { return x; }
+static inline void v_int4_group(const uint8_t *bytes, float scale, float *dst) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)bytes), m = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    const __m128i e[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)}; /* elements 0-15, 16-31 */
+    const vf s = v_set1(scale), off = v_set1(-8.0f * scale);
+    for (int h = 0; h < 2; h++) {
+        _mm256_storeu_ps(dst + 16 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e[h])), s, off));
+        _mm256_storeu_ps(dst + 16 * h + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e[h], 8))), s, off));
+    }
+}
 #else
 #define ISA_NAME scalar
 #define VL 1
@@ -142,6 +160,12 @@ static inline vf v_pow2i(vf n) {
 }
 static inline vf v_abs(vf x) { return fabsf(x); }
 static inline vf v_copysign(vf mag, vf sign) { return copysignf(mag, sign); }
+static inline void v_int4_group(const uint8_t *bytes, float scale, float *dst) {
+    for (int j = 0; j < 16; j++) {
+        dst[2 * j] = (float)((int)(bytes[j] & 15) - 8) * scale;
+        dst[2 * j + 1] = (float)((int)(bytes[j] >> 4) - 8) * scale;
+    }
+}
 #endif
 
 /* Four horizontal sums at once: out[i] = the sum of x_i's lanes. */
