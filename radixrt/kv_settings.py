@@ -42,10 +42,10 @@ def rotates_keys(kv_dtype: str, rotation: str) -> bool:
 
 
 def check_kv_args(kv_dtype: str, rotation: str) -> None:
-    split_kv_dtype(kv_dtype)
+    k, _ = split_kv_dtype(kv_dtype)
     if rotation not in KV_ROTATIONS:
         raise ValueError(f"kv_cache_rotation must be one of {KV_ROTATIONS}, got {rotation!r}")
-    if rotation == "on" and split_kv_dtype(kv_dtype)[0] == "auto":
+    if rotation == "on" and k == "auto":
         raise ValueError("kv_cache_rotation on rotates quantized keys; kv_cache_dtype stores K in the model's dtype")
 
 

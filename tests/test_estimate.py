@@ -64,6 +64,12 @@ def test_estimate_matches_the_allocated_pool(llama_path, config, capsys, tmp_pat
     assert printed["requests_in_pool"] == info["num_pages"] // -(-AVG_SEQ_LEN // kw["page_size"])
 
 
+def test_refuses_a_kv_dtype_the_model_cannot_take_by_name(llama_path):
+    args = ServerArgs(model_path=str(llama_path), device="cpu", kv_cache_dtype="int4")  # llama-tiny: heads 16 wide
+    with pytest.raises(ValueError, match="int4 needs head_dim a multiple of 32, not 16"):
+        estimate(args, Workload(AVG_SEQ_LEN), mem_bytes=1 << 30)
+
+
 def test_refuses_a_directory_without_config_json(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--model-path", str(tmp_path), "--avg-seq-len", "10"])

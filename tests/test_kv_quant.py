@@ -417,6 +417,16 @@ def test_engine_over_int4_pools_stays_close_to_model_dtype(pool, int4_runs):
     assert figures("int8")[1] < figures("int8:int4")[1] < figures("int4")[1]
 
 
+@pytest.mark.parametrize("kv_dtype, layer_scaled", [
+    ("auto", False), ("int8", False), ("int4", False), ("auto:int4", False), ("int8:int4", False), ("fp8_e4m3", True),
+])
+def test_only_fp8_takes_per_layer_scales(kv_dtype, layer_scaled):
+    """The start-up check fits per-layer scales for an fp8 pool only; a mix with a model-dtype side is not one."""
+    cache = PagedKVCache(1, 2, 4, 1, 32, torch.float32, CPU, kv_dtype)
+    assert cache.layer_scaled is layer_scaled
+    assert cache.quantized is (kv_dtype != "auto")
+
+
 def test_the_settings_and_the_pool_name_the_same_formats():
     """kv_settings.py (pure Python, for the config) and kv_quant.py (the pool) each hold the names and
     int4's group: they must agree."""

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from radixrt.kernels.kv_quant import KV_FORMATS, KVFormat, element_bytes
 from radixrt.kernels.native_attention import NativeAttention, build_variant
 from radixrt.kernels.native_build import ISA_ENV, Isa, cache_dir, chosen_isa, cpu_flags, cpu_model, runnable_isas
 
@@ -85,8 +86,9 @@ class Probe:
     def __init__(self, s: Shape, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
         self.scale = s.head_dim**-0.5
-        int4 = s.dtype == torch.uint8  # packed int4 (kv_quant.py): two values a byte, a float16 scale per 32
-        token_bytes = 2 * s.kv_heads * (s.head_dim // 2 + s.head_dim // 16 if int4 else s.head_dim * s.dtype.itemsize)
+        int4 = s.dtype == torch.uint8  # packed int4 (kv_quant.py): two values a byte, a float16 scale per group
+        fmt = KV_FORMATS["int4"] if int4 else KVFormat(s.dtype, False)
+        token_bytes = 2 * s.kv_heads * element_bytes(fmt, s.head_dim, s.dtype)  # K and V
         decodes = max(8, DECODE_BYTES // (DECODE_LEN * token_bytes))
         lens = {"decode": [DECODE_LEN] * decodes, "extend": [EXTEND[1] + EXTEND[2]] * EXTEND[0], "cascade": [CASCADE[1]]}
         widths = {c: -(-max(n) // s.page_size) for c, n in lens.items()}
@@ -96,7 +98,7 @@ class Probe:
         self.scales = None
         if int4:
             self.k, self.v = (torch.randint(0, 256, (*shape[:3], s.head_dim // 2), generator=g, dtype=torch.uint8) for _ in range(2))
-            self.scales = tuple((torch.rand(*shape[:3], s.head_dim // 32, generator=g) / 4).half() for _ in range(2))
+            self.scales = tuple((torch.rand(*shape[:3], s.head_dim // fmt.group, generator=g) / 4).half() for _ in range(2))
         else:
             self.k, self.v = (torch.randn(shape, generator=g).to(s.dtype) for _ in range(2))
         # q rows per class: decode [requests, heads, D]; extend [requests * new, heads, D] with q_starts;

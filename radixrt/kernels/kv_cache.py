@@ -102,7 +102,7 @@ class PagedKVCache:
         kv_dtype: str = "auto",
         rotate_k: bool | None = None,
     ) -> None:
-        """kv_dtype: one format, or K:V (kv_quant.split_kv_dtype); rotate_k: store keys rotated
+        """kv_dtype: one format, or K:V (kv_quant.split_formats); rotate_k: store keys rotated
         (None: wherever K is int4)."""
         k_fmt, v_fmt = split_formats(kv_dtype)
         if any(f.group and head_dim % f.group for f in (k_fmt, v_fmt)):
@@ -124,7 +124,8 @@ class PagedKVCache:
         # the compiled kernel serve only such pools of the formats they know (int4: uint8, packed)
         self.storage_dtype = self.k_side.storage if k_fmt == v_fmt else None
         self.quantized = k_fmt.storage is not None or v_fmt.storage is not None
-        self.layer_scaled = self.quantized and not k_fmt.token_scales  # fp8 (never mixed): a scale per layer
+        # fp8 (never mixed): a scale per layer, fitted at start
+        self.layer_scaled = any(f.storage is not None and not f.token_scales for f in (k_fmt, v_fmt))
         # k[layer], v[layer]: [num_pages + 1, page_size, kv_heads, head_dim] (int4: head_dim / 2 bytes)
         self.k, self.v = self.k_side.values, self.v_side.values
         # per-token scales: int8 [num_pages + 1, page_size, kv_heads] float32, int4 [..., head_dim / 32] float16

@@ -141,6 +141,7 @@ def estimate(args: ServerArgs, workload: Workload, mem_bytes: int | None = None)
     workload_pages = workload.pages(concurrency, ps)
     pages = args.max_total_tokens // ps if args.max_total_tokens is not None else workload_pages  # as plan_num_pages
     b = sizer.breakdown(tp, args.kv_cache_dtype, concurrency, pages)
+    check_head_dim(args.kv_cache_dtype, cfg.head_dim)  # the setting asked for: refused by name, as the server would
     kv_dtypes = [kv for kv in dict.fromkeys((*KV_CACHE_DTYPES, args.kv_cache_dtype)) if takes(kv, cfg.head_dim)]
     rows = {kv: kv_dtype_row(sizer, tp, kv, concurrency, workload) for kv in kv_dtypes}
     return Estimate(
