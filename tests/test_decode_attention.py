@@ -22,7 +22,7 @@ from radixrt.kernels import kernel_choice
 from radixrt.kernels.native_build import ISA_ENV, ISAS
 from radixrt.kernels.decode_attention import attend, merge
 from radixrt.kernels.torch_backend import TorchBackend
-from support.kernels import NATIVE, require_native, use_path
+from support.kernels import NATIVE, attention_tolerance, require_native, use_path
 from support.oracle import naive_attention
 
 KV_HEADS = 2
@@ -51,9 +51,9 @@ def build_batch(page_size: int, seed: int) -> tuple[torch.Tensor, int]:
     return torch.tensor([t + [0] * (width - len(t)) for t in tables]), num_pages
 
 
-# (path, pool format): the compiled kernel serves float32/bf16 and int4 pools (rotated keys, dequantized in
-# the kernel); the torch path every format
-PATHS = [(n, kv) for kv in ("auto", "int4") for n in NATIVE] + [("torch", kv) for kv in ("auto", "int8", "fp8_e4m3", "int4")]
+# (path, pool format): the compiled kernel serves float32/bf16, int4 (rotated keys) and int8 pools, dequantized
+# in the kernel; the torch path every format
+PATHS = [(n, kv) for kv in ("auto", "int4", "int8") for n in NATIVE] + [("torch", kv) for kv in ("auto", "int8", "fp8_e4m3", "int4")]
 
 
 @pytest.mark.parametrize("path,kv_dtype", PATHS, ids=[f"{p}-{k}" for p, k in PATHS])
@@ -88,7 +88,7 @@ def test_decode_batch_matches_naive(path, kv_dtype, dtype, page_size, group, hea
     assert len(backend.layer_plans[0].decodes) == 1 if native else len(backend.layer_plans[0].decodes) >= 3
     if native:
         assert set(backend.kernels.names().values()) == {os.environ[ISA_ENV]}
-    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    tol = attention_tolerance(dtype, backend, kv_dtype)
     for layer in range(layers):
         q = torch.randn(len(KV_LENS), heads, head_dim).to(dtype)
         k, v = torch.randn(len(KV_LENS), KV_HEADS, head_dim).to(dtype), torch.randn(len(KV_LENS), KV_HEADS, head_dim).to(dtype)
@@ -118,8 +118,9 @@ def test_attend_masks_padding_and_merge_is_exact():
 
 
 def test_quantized_pools_take_the_torch_path():
-    """int8 and fp8 pools dequantize through PagedKVCache.read; the kernel does not serve them."""
-    for kv_dtype in ("int8", "fp8_e4m3"):
+    """fp8 pools and pools of two formats (K:V) dequantize through PagedKVCache.read; the kernel does not
+    serve them (it does int4 and int8 pools: test_decode_batch_matches_naive)."""
+    for kv_dtype in ("fp8_e4m3", "int8:int4"):
         cache = PagedKVCache(1, 4, 16, KV_HEADS, 64, torch.bfloat16, torch.device("cpu"), kv_dtype)
         assert TorchBackend(cache, 2 * KV_HEADS, 64, [LayerAttention(0.125)]).kernels is None
         with pytest.raises(RuntimeError, match="unavailable"):
@@ -178,7 +179,7 @@ def test_the_kernel_variant_follows_the_cpu_and_the_override(monkeypatch):
 EXTEND = [(0, 20), (37, 5), (100, 33), (50, 1), (15, 17)]
 
 
-@pytest.mark.parametrize("kv_dtype", ["auto", "int4"])
+@pytest.mark.parametrize("kv_dtype", ["auto", "int4", "int8"])
 @pytest.mark.parametrize("path", [*NATIVE, "torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -210,7 +211,7 @@ def test_extend_batch_matches_naive(path, dtype, page_size, group, head_dim, kv_
     q = torch.randn(rows, heads, head_dim).to(dtype)
     k, v = (torch.randn(rows, KV_HEADS, head_dim).to(dtype) for _ in range(2))
     got = backend.forward(q, k, v, 0)
-    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    tol = attention_tolerance(dtype, backend, kv_dtype)
     start = 0
     for i, (p, n) in enumerate(EXTEND):
         k_all, v_all = cache.read(0, slots_of(i, torch.arange(p + n)))
@@ -230,3 +231,42 @@ def test_the_brgemm_variant_packs_for_tiles_exactly_where_the_cpu_has_amx():
         pytest.skip("the brgemm variant needs AVX-512 with avx512_bf16; this CPU lacks them")
     require_native()
     assert build_variant(ISA_BY_NAME["brgemm"]).vnni == AMX
+
+
+@pytest.mark.parametrize("path", NATIVE)
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("group", [1, 3, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_int4_scores_match_naive_attention_over_the_queries_the_variant_reads(path, page_size, group, head_dim, monkeypatch):
+    """The kernel over an int4 pool, decodes and prefill chunks in one call, against float64 attention over
+    the dequantized K/V and the queries as the variant reads them: a variant with VNNI quantizes them to int8
+    per 32 for its integer dot products over the nibbles (support.kernels.int8_query_groups), the others
+    read them as they are. To float32's tolerance, so a slip in the nibbles' order, a group's scale or the
+    -8 offset shows."""
+    from radixrt.kernels.kv_quant import dequantize_int4, quantize_int4
+    from radixrt.kernels.native_attention import build_variant
+    from radixrt.kernels.native_build import ISA_BY_NAME
+    from support.kernels import int8_query_groups, variant_of
+
+    use_path(path, monkeypatch)
+    kernel = build_variant(ISA_BY_NAME[variant_of(path)])
+    torch.manual_seed(group + head_dim + page_size)
+    heads, scale = KV_HEADS * group, head_dim**-0.5
+    kv_lens = [p + n for p, n in EXTEND]
+    num_pages = sum(math.ceil(n / page_size) for n in kv_lens)
+    pages = torch.randperm(num_pages)
+    widths = [math.ceil(n / page_size) for n in kv_lens]
+    table = torch.zeros(len(kv_lens), max(widths), dtype=torch.int64)
+    for i, (at, w) in enumerate(zip([0, *torch.tensor(widths).cumsum(0).tolist()], widths)):
+        table[i, :w] = pages[at : at + w]
+    (k, ks), (v, vs) = (quantize_int4(torch.randn(num_pages * page_size, KV_HEADS, head_dim) * 2) for _ in range(2))
+    pool = [x.view(num_pages, page_size, KV_HEADS, -1) for x in (k, v, ks, vs)]
+    q_starts = torch.tensor([0, *torch.tensor([n for _, n in EXTEND]).cumsum(0).tolist()])
+    q = torch.randn(int(q_starts[-1]), heads, head_dim)
+    got, _ = kernel(q, pool[0], pool[1], table, torch.tensor(kv_lens), scale, q_starts=q_starts, scales=(pool[2], pool[3]))
+    q_read = int8_query_groups(q) if kernel.int8_queries else q
+    k_all, v_all = (dequantize_int4(x, sc, torch.float64) for x, sc in ((k, ks), (v, vs)))
+    for i, (p, n) in enumerate(EXTEND):
+        slots = (table[i, torch.arange(p + n) // page_size] * page_size + torch.arange(p + n) % page_size)
+        want = naive_attention(q_read[q_starts[i] : q_starts[i + 1]], k_all[slots], v_all[slots], scale)
+        torch.testing.assert_close(got[q_starts[i] : q_starts[i + 1]].double(), want, atol=1e-5, rtol=1e-5)

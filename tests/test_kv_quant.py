@@ -14,8 +14,10 @@ import radixrt
 import torch
 from support.helpers import corpus_prompts
 from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache, create_attention_backend
+from radixrt.kernels.torch_backend import TorchBackend
 from radixrt.kernels.kv_quant import KV_FORMATS, hadamard
 from radixrt.kv_settings import split_kv_dtype
+from support.kernels import attention_tolerance
 from support.oracle import naive_attention
 
 QUANT = ["int8", "fp8_e4m3", "fp8_e5m2", "int4", "int8:int4"]
@@ -96,10 +98,37 @@ def test_rotated_keys_read_back_unrotated_and_spread_an_outlier_channel():
     assert err_rot < 0.6 * err_plain, (err_rot, err_plain)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_quantizers_equal_torchs_bit_for_bit(dtype, monkeypatch):
+    """The pool quantizes on the CPU in compiled passes (int4: csrc/kv_quantize.c into the pages; int8:
+    int8_ops' per-row quantizer): values and scales equal the torch reference's, bit for bit, over
+    random rows, ties of magnitude, all-zero rows and groups, and values past float16's scales."""
+    import radixrt.kernels.kv_quant as kv_quant
+    from radixrt.kernels.int8_ops import load_int8_ops
+
+    if kv_quant._compiled_int4() is None or load_int8_ops() is None:
+        pytest.skip("the compiled quantizers cannot be built here (no C compiler): torch quantizes")
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(40, 3, 64, generator=g) * torch.logspace(-6, 6, 40)[:, None, None]).to(dtype)
+    x[0] = 0
+    x[1, 0, :32] = 0  # one all-zero group
+    x[2, 1, 3], x[2, 1, 9] = 4.0, -4.0  # a tie of magnitude: the first is the peak
+    x[3] = 1e6  # scales past float16's range clamp
+    slots = torch.randperm(64, generator=g)[:40]
+    values, scales = torch.zeros(64, 3, 32, dtype=torch.uint8), torch.zeros(64, 3, 2, dtype=torch.float16)
+    kv_quant.store_int4(x, slots, values, scales)
+    want_values, want_scales = kv_quant.quantize_int4(x)
+    assert torch.equal(values[slots], want_values) and torch.equal(scales[slots].view(torch.int16), want_scales.view(torch.int16))
+    q, s = kv_quant.quantize_int8(x)
+    monkeypatch.setattr(kv_quant, "load_int8_ops", lambda: None)
+    want_q, want_s = kv_quant.quantize_int8(x)
+    assert torch.equal(q, want_q) and torch.equal(s, want_s)
+
+
 @pytest.mark.parametrize("kv_dtype", QUANT)
 def test_out_of_range_and_zero_rows_stay_finite(kv_dtype):
     """Beyond the format's range values clamp to its max (e4m3fn has no inf: unclamped they'd be NaN);
-    an all-zero int8 row (scale 0) reads back as zeros, not 0/0."""
+    an all-zero int8 row (scale 1) or int4 group (scale 0) reads back as zeros, not 0/0."""
     x = torch.zeros(3, 2, 32)
     x[0] = 1e6
     x[1, 0] = -1e6
@@ -189,8 +218,8 @@ TABLE = torch.tensor([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [0, 1, 2, 3, 10]])  # [r
 BACKEND_BOUND = {"int8": 0.04, "fp8_e4m3": 0.3, "fp8_e5m2": 0.6, "int4": 0.7, "int8:int4": 0.5}
 
 
-def run_steps(kv_dtype: str, q_all, k_all, v_all) -> list[torch.Tensor]:
-    """Run STEPS through a TorchBackend over a pool of kv_dtype -> each step's output per layer."""
+def run_steps(kv_dtype: str, q_all, k_all, v_all) -> tuple[list[torch.Tensor], TorchBackend]:
+    """Run STEPS through a TorchBackend over a pool of kv_dtype -> each step's output per layer, and the backend."""
     cache = PagedKVCache(LAYERS, 11, PAGE, KV_HEADS, D, torch.float32, CPU, kv_dtype)
     backend = create_attention_backend("torch", cache, HEADS, D, [LayerAttention(D**-0.5)] * LAYERS)
     outs = []
@@ -203,7 +232,7 @@ def run_steps(kv_dtype: str, q_all, k_all, v_all) -> list[torch.Tensor]:
         backend.init_forward(meta)
         qkv = [x[:, req_of, pos] for x in (q_all, k_all, v_all)]  # [layers, T, heads, D]
         outs.append(torch.stack([backend.forward(qkv[0][l], qkv[1][l], qkv[2][l], l) for l in range(LAYERS)]))
-    return outs
+    return outs, backend
 
 
 def step_inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -221,20 +250,21 @@ def test_torch_backend_attends_over_the_dequantized_kv_on_every_path(kv_dtype):
     the quantized-then-dequantized K/V, including a chunk's own K/V: exactly the naive attention over them."""
     q, k, v = step_inputs()
     kq, vq = (roundtrip(kv_dtype, x.reshape(-1, KV_HEADS, D), side=side).view(x.shape) for x, side in ((k, "k"), (v, "v")))
-    outs = run_steps(kv_dtype, q, k, v)
+    outs, backend = run_steps(kv_dtype, q, k, v)
+    tol = attention_tolerance(torch.float32, backend, kv_dtype)
     for step, out in zip(STEPS, outs):
         row = 0
         for r, p, n in step:
             for layer in range(LAYERS):
                 want = naive_attention(q[layer, r, p : p + n], kq[layer, r, : p + n], vq[layer, r, : p + n], D**-0.5).float()
-                torch.testing.assert_close(out[layer, row : row + n], want, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(out[layer, row : row + n], want, atol=tol, rtol=tol)
             row += n
 
 
 @pytest.mark.parametrize("kv_dtype", QUANT)
 def test_torch_backend_quantized_pool_close_to_model_dtype_pool(kv_dtype):
     q, k, v = step_inputs()
-    want, got = run_steps("auto", q, k, v), run_steps(kv_dtype, q, k, v)
+    (want, _), (got, _) = run_steps("auto", q, k, v), run_steps(kv_dtype, q, k, v)
     worst = max((a - b).abs().max().item() for a, b in zip(want, got))
     assert 0 < worst < BACKEND_BOUND[kv_dtype]
 

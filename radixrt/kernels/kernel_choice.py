@@ -52,7 +52,7 @@ ROUNDS = 7  # timed calls per variant and class (medians), after one untimed cal
 # extend requests x (cached, new) tokens; cascade members x prefix tokens
 DECODE_LEN, DECODE_BYTES = 512, 64 << 20
 EXTEND, CASCADE = (2, 256, 64), (16, 512)
-CHOICE_FORMAT = 1  # bump when the probes or the rule change: older cached choices are then not read
+CHOICE_FORMAT = 2  # bump when the probes or the rule change: older cached choices are then not read
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Shape:
     kv_heads: int
     head_dim: int
     page_size: int
-    dtype: torch.dtype  # the pool's storage (uint8: int4, packed)
+    dtype: torch.dtype  # the pool's storage (uint8: int4, packed; int8)
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,9 @@ class Probe:
     def __init__(self, s: Shape, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
         self.scale = s.head_dim**-0.5
-        int4 = s.dtype == torch.uint8  # packed int4 (kv_quant.py): two values a byte, a float16 scale per group
-        fmt = KV_FORMATS["int4"] if int4 else KVFormat(s.dtype, False)
+        # the quantized pools (kv_quant.py): packed int4 (two values a byte, a float16 scale per group), int8
+        int4, int8 = s.dtype == torch.uint8, s.dtype == torch.int8
+        fmt = KV_FORMATS["int4"] if int4 else KV_FORMATS["int8"] if int8 else KVFormat(s.dtype, False)
         token_bytes = 2 * s.kv_heads * element_bytes(fmt, s.head_dim, s.dtype)  # K and V
         decodes = max(8, DECODE_BYTES // (DECODE_LEN * token_bytes))
         lens = {"decode": [DECODE_LEN] * decodes, "extend": [EXTEND[1] + EXTEND[2]] * EXTEND[0], "cascade": [CASCADE[1]]}
@@ -99,6 +100,9 @@ class Probe:
         if int4:
             self.k, self.v = (torch.randint(0, 256, (*shape[:3], s.head_dim // 2), generator=g, dtype=torch.uint8) for _ in range(2))
             self.scales = tuple((torch.rand(*shape[:3], s.head_dim // fmt.group, generator=g) / 4).half() for _ in range(2))
+        elif int8:
+            self.k, self.v = (torch.randint(-127, 128, shape, generator=g, dtype=torch.int8) for _ in range(2))
+            self.scales = tuple(torch.rand(*shape[:3], generator=g) / 64 for _ in range(2))
         else:
             self.k, self.v = (torch.randn(shape, generator=g).to(s.dtype) for _ in range(2))
         # q rows per class: decode [requests, heads, D]; extend [requests * new, heads, D] with q_starts;

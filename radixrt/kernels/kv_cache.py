@@ -9,7 +9,7 @@ its value by 0, which is NaN if the garbage was NaN.
 The pool may store K/V quantized (`kv_dtype`, the server's kv_cache_dtype: one
 format for both sides, or K's and V's as `K:V`; the formats are kv_quant.py's):
   * int8: symmetric, one float32 scale per token and KV head (amax over
-    head_dim / 127, round to nearest);
+    head_dim / 127, round to nearest; 1 for an all-zero row);
   * int4: two values per byte, one float16 scale per 32 elements of a token's
     head; keys rotated by a Hadamard matrix first where `rotate_k` (by default
     wherever K is int4), which reads undo;
@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from radixrt.kernels.kv_quant import (
-    KVFormat, cast_saturating, dequantize_int4, element_bytes, quantize_int4, quantize_int8, rotated, split_formats,
+    KVFormat, cast_saturating, dequantize_int4, element_bytes, quantize_int8, rotated, split_formats, store_int4,
 )  # fmt: skip
 
 
@@ -62,7 +62,7 @@ class KVSide:
             x = rotated(x)
         buf = _flat(self.values[layer])
         if self.fmt.group:
-            buf[slots], _flat(self.token_scales[layer])[slots] = quantize_int4(x, self.fmt.group)
+            store_int4(x, slots, buf, _flat(self.token_scales[layer]))
         elif self.fmt.token_scales:
             buf[slots], _flat(self.token_scales[layer])[slots] = quantize_int8(x)
         elif self.fmt.storage is not None:  # fp8

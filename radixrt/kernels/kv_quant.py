@@ -19,13 +19,22 @@ q . k = (q H) . (k H). Values are stored as they are.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from radixrt.kernels import native_build
+from radixrt.kernels.int8_ops import load_int8_ops
+
+logger = logging.getLogger(__name__)
+
 INT8_MAX = 127
+QUANTIZE_SOURCE = Path(__file__).parent / "csrc" / "kv_quantize.c"
 INT4_GROUP = 32  # elements of a token's head per float16 scale (radixrt/kv_settings.py names the same)
 HADAMARD_MAX_BLOCK = 128
 
@@ -65,13 +74,20 @@ def element_bytes(fmt: KVFormat, head_dim: int, dtype: torch.dtype) -> int:
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [T, kv_heads, head_dim] -> int8 values of the same shape, float32 scales [T, kv_heads].
 
-    Symmetric per (token, head): scale = amax / 127, so the largest |x| maps to +-127. An
-    all-zero row gets scale 0 (the division is guarded), which reads back as exact zeros.
+    Symmetric per (token, head): scale = amax / 127, so the largest |x| maps to +-127, values
+    x / scale rounded half to even. An all-zero row gets scale 1 and reads back as exact zeros.
+    On the CPU this is the compiled per-row quantizer of the int8 GEMMs (int8_ops.py: the same
+    arithmetic, held to the same torch reference), one pass instead of torch's several.
     """
+    T, H, D = x.shape
+    ops = load_int8_ops() if x.is_cpu else None
+    if ops is not None and ops.takes(rows := x.reshape(T * H, D)):
+        q, scale = ops.quantize_tokens(rows)
+        return q.view(T, H, D), scale.view(T, H)
     x = x.float()
-    scale = x.abs().amax(-1) / INT8_MAX  # [T, kv_heads]
-    q = torch.round(x / scale.clamp_min(torch.finfo(torch.float32).tiny)[..., None])
-    return q.clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+    amax = x.abs().amax(-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
+    return torch.round(x / scale).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale[..., 0]
 
 
 def quantize_int4(x: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,6 +103,37 @@ def quantize_int4(x: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tenso
     inv = torch.where(s != 0, 1.0 / s, torch.zeros_like(s))
     q = (g * inv).round_().clamp_(-8, 7).add_(8).to(torch.uint8).view(T, H, D)
     return q[..., 0::2] | (q[..., 1::2] << 4), scale.view(T, H, D // group)
+
+
+def store_int4(x: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> None:
+    """values[slots], scales[slots] = quantize_int4(x), for x [T, kv_heads, D] float32 or bf16 and a pool's
+    flat values [slots, kv_heads, D / 2] and scales [slots, kv_heads, D / 32]: on the CPU in one compiled
+    pass into the pool (csrc/kv_quantize.c, bit for bit quantize_int4), elsewhere through torch."""
+    quantize = _compiled_int4() if x.is_cpu and x.dtype in (torch.float32, torch.bfloat16) else None
+    if quantize is None:
+        values[slots], scales[slots] = quantize_int4(x)
+        return
+    T, H, D = x.shape
+    x = x.contiguous()
+    dst = (slots.to(torch.int64)[:, None] * H + torch.arange(H)).reshape(-1)
+    err = quantize(x.data_ptr(), int(x.dtype == torch.bfloat16), T * H, D, dst.data_ptr(), values.data_ptr(),
+                   scales.data_ptr(), torch.get_num_threads())
+    if err:
+        raise RuntimeError(f"int4 KV quantizer failed (code {err}: 1 unknown dtype, 2 head_dim not a multiple of 32)")
+
+
+@functools.cache
+def _compiled_int4():
+    """The compiled int4 quantizer for this CPU, or None (logged once, with the reason) where it cannot be built."""
+    try:
+        isa = native_build.chosen_isa()
+        fn = getattr(ctypes.CDLL(str(native_build.build(QUANTIZE_SOURCE, isa))), f"radixrt_quantize_int4_{isa.name}")
+    except (OSError, RuntimeError, ValueError) as e:
+        logger.warning("int4 KV: the compiled quantizer is unavailable (%s); quantizing through torch", e)
+        return None
+    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    fn.restype, fn.argtypes = ctypes.c_int, [p, i, i64, i, p, p, p, i]
+    return fn
 
 
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

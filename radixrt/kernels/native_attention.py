@@ -11,8 +11,9 @@ no torch headers to compile (a build takes about a second) and nothing for the u
 install. Where it cannot build, the caller keeps the torch path (decode_attention.py)
 and the log says why, once.
 
-It serves pools of float32, bfloat16 and int4 (each block's rows dequantized once, in the
-kernel); int8, fp8 and float16 pools take the torch path, which dequantizes them.
+It serves pools of float32, bfloat16, int4 and int8 (each block's rows dequantized once, in the
+kernel; with VNNI, an int4 pool's scores by integer dot products: csrc/quant_rows.h); fp8,
+float16 and mixed K:V pools take the torch path, which dequantizes them.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ import torch
 from radixrt.kernels.native_build import Isa, build
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
-KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2}  # pool dtype -> the kernel's `kind` (uint8: int4, packed)
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2, torch.int8: 3}  # pool dtype -> the kernel's `kind` (uint8: int4, packed)
 ERRORS = {1: "unknown pool dtype", 2: "heads not a multiple of KV heads", 3: "out of memory",
           4: "negative window or soft cap", 5: "head_dim not a multiple of the variant's vector lanes",
           6: "a request with no queries, or more than its tokens", 7: "its brgemm functions were not set",
-          8: "an int4 pool needs head_dim a multiple of 32, at most 256, and its scales"}  # fmt: skip
+          8: "a quantized pool needs head_dim at most 256 (int4: a multiple of 32) and its scales"}  # fmt: skip
 # at::native::cpublas's brgemm (bf16 x bf16 -> float32), pack and brgemm_release, as libtorch_cpu exports them
 BRGEMM_SYMBOLS = ("_ZN2at6native7cpublas6brgemmEllllllbPKN3c108BFloat16ES5_Pfb",
                   "_ZN2at6native7cpublas4packEllllN3c1010ScalarTypeES3_PKvPv",
@@ -47,6 +48,8 @@ class NativeAttention:
         self.isa, self.lib = isa, lib
         loaded = ctypes.CDLL(str(lib))
         self.vnni = _set_brgemm(loaded) if isa.name == "brgemm" else False  # tile products on AMX
+        # an int4 pool's scores by integer dot products, the queries quantized to int8 per 32 (csrc/quant_rows.h)
+        self.int8_queries = "avx512_vnni" in isa.needs
         self._fn = getattr(loaded, f"radixrt_paged_attention_{isa.name}")
         self._fn.restype = ctypes.c_int
         p, i = ctypes.c_void_p, ctypes.c_int
@@ -75,7 +78,8 @@ class NativeAttention:
         -> out [T, heads, D] float32, and lse [T, heads] float32 when want_lse (else None).
         window: a query reads only the last `window` tokens up to itself; softcap: scores capped by
         softcap * tanh(score / softcap) (see LayerAttention). An int4 pool (uint8, [pages, page_size, kv_heads,
-        D / 2]) comes with its scales: (K's, V's), [pages, page_size, kv_heads, D / 32] float16 each."""
+        D / 2]) comes with its scales: (K's, V's), [pages, page_size, kv_heads, D / 32] float16 each; an int8
+        pool with [pages, page_size, kv_heads] float32 ones."""
         T, H, D = q.shape
         B = kv_lens.shape[0]
         _, page_size, kv_heads, _ = k_pool.shape

@@ -48,9 +48,11 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 # measurement (kernel_choice.py) or RADIXRT_CPU_KERNEL_ISA puts it before avx512bf16.
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"})
 _AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma")
+# the bf16 dot product, and VNNI's int8 one (every CPU with the first has the second: Cooper Lake on, Zen 4 on)
+_BF16, _BF16_FLAGS = frozenset({"avx512_bf16", "avx512_vnni"}), ("-mavx512bf16", "-mavx512vnni")
 ISAS: tuple[Isa, ...] = (
-    Isa("avx512bf16", _AVX512 | {"avx512_bf16"}, (*_AVX512_FLAGS, "-mavx512bf16"), 16),
-    Isa("brgemm", _AVX512 | {"avx512_bf16"}, (*_AVX512_FLAGS, "-mavx512bf16"), 16),  # attention only: see below
+    Isa("avx512bf16", _AVX512 | _BF16, (*_AVX512_FLAGS, *_BF16_FLAGS), 16),
+    Isa("brgemm", _AVX512 | _BF16, (*_AVX512_FLAGS, *_BF16_FLAGS), 16),  # attention only: see below
     Isa("avx512", _AVX512, _AVX512_FLAGS, 16),
     Isa("avx2", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma"), 8),
     Isa("scalar", frozenset(), (), 1),

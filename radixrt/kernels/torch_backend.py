@@ -3,7 +3,7 @@
 Where the compiled kernel builds (native_attention.py: one C source per ISA, the pool read in
 place) every request attends through it in one call per layer: decodes, and prefill chunks
 too, each chunk's queries reading causally up to themselves (over the cached prefix, from
-the pages). Where it cannot build, or the pool is quantized, the torch path serves: decode
+the pages). Where it cannot build, or the pool is fp8 or of two formats (K:V), the torch path serves: decode
 requests through decode_attention.py's grouped float32 matmuls over a padded gather,
 grouped by length so that short sequences are not padded to the longest; each prefill
 chunk on its own through scaled_dot_product_attention (a few long requests per step, so the
@@ -234,10 +234,10 @@ class TorchBackend(AttentionBackend):
 
     def _native(self, kernel: NativeAttention, q: torch.Tensor, layer: int, pages: torch.Tensor, lens: torch.Tensor,
                 la: LayerAttention, **kw) -> tuple[torch.Tensor, torch.Tensor]:
-        """The compiled kernel over this layer's pool (an int4 pool with its scales): out and lse, float32. Over
-        rotated keys (kv_quant.py) the queries are rotated too, which leaves every score as it was."""
+        """The compiled kernel over this layer's pool (an int4 or int8 pool with its scales): out and lse, float32.
+        Over rotated keys (kv_quant.py) the queries are rotated too, which leaves every score as it was."""
         cache = self.cache
-        scales = (cache.k_scales[layer], cache.v_scales[layer]) if cache.storage_dtype == torch.uint8 else None
+        scales = (cache.k_scales[layer], cache.v_scales[layer]) if cache.k_scales else None
         q = rotated(q) if cache.rotate_k else q.float()
         return kernel(q.contiguous(), cache.k[layer], cache.v[layer], pages, lens, la.scale, want_lse=True,
                       softcap=la.softcap, scales=scales, **kw)

@@ -32,14 +32,37 @@ def use_path(path: str, monkeypatch) -> bool:
     if not path.startswith("native"):
         return False
     require_native()
-    variant = path.removeprefix("native-")
-    if variant == "amx":
+    if path == "native-amx":
         if not AMX:
             pytest.skip("the AMX path needs a CPU with amx_bf16; this one lacks it (brgemm runs as native-brgemm)")
         assert native_attention.build_variant(ISA_BY_NAME["brgemm"]).vnni, "amx_bf16, yet torch's brgemm does not pack for tiles"
-        variant = "brgemm"
-    monkeypatch.setenv(ISA_ENV, variant)
+    monkeypatch.setenv(ISA_ENV, variant_of(path))
     return True
+
+
+def int8_query_groups(q: torch.Tensor) -> torch.Tensor:
+    """q [..., D] as a variant with int8_queries reads it for an int4 pool's scores: each 32 elements
+    quantized to int8 against their largest magnitude / 127 (in float32, as the kernel rounds), read back."""
+    x = q.float().unflatten(-1, (-1, 32))
+    amax = x.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))  # not 127.0 / amax: torch takes that as 127 * (1 / amax)
+    return ((x * inv).round().clamp(-127, 127) * (amax / 127.0)).flatten(-2)
+
+
+def attention_tolerance(dtype: torch.dtype, backend, kv_dtype: str) -> float:
+    """A TorchBackend's output against float64 attention over the K/V its pool holds: float32 to 1e-5, bf16 to
+    1e-2; over an int4 pool, a variant that quantizes the queries to int8 per 32 for its integer scores (a step
+    of 1/254 of a group's largest: an output moves by up to ~1e-2 on random rows) to 3e-2, and
+    test_int4_scores_* holds those scores to 1e-5 against the queries as the variant reads them."""
+    if kv_dtype == "int4" and backend.kernels is not None and backend.kernels.decode.int8_queries:
+        return 3e-2
+    return 1e-5 if dtype == torch.float32 else 1e-2
+
+
+def variant_of(path: str) -> str:
+    """The kernel variant a native path runs (native-amx: brgemm)."""
+    variant = path.removeprefix("native-")
+    return "brgemm" if variant == "amx" else variant
 
 
 def backend_device(name: str) -> tuple[torch.device, torch.dtype, float]:

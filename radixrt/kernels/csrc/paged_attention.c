@@ -39,7 +39,9 @@
  *   q      [T, H, D] float32 query rows       out  [T, H, D] float32
  *   pool   [slots, KVH, D] of `kind`          lse  [T, H] float32, or NULL
  *          (int4: [slots, KVH, D / 2] bytes, two values each, and scales [slots, KVH, D / 32] float16;
- *          a task dequantizes each block's rows once per KV head, into float32 scratch in L1)
+ *          int8: [slots, KVH, D] and scales [slots, KVH] float32. A task dequantizes each block's rows once
+ *          per KV head, into float32 scratch in L1; with VNNI an int4 pool's scores are integer dot
+ *          products over the nibbles instead, the queries quantized to int8: quant_rows.h)
  *   pages  [B, pages_stride] int64: request b's i-th page id; slot = page * page_size + offset
  *   kv_lens [B] int64: tokens of request b, its new ones included
  *   q_starts [B + 1] int64: request b's queries are rows q_starts[b] .. q_starts[b + 1] - 1
@@ -49,8 +51,8 @@
  * softmax (Gemma 2); 0: scores as they are.
  * Returns 0, or: 1 unknown kind, 2 H not a multiple of KVH, 3 out of memory, 4 bad window or
  * softcap, 5 D not a multiple of this variant's vector lanes, 6 a request with no queries or
- * more queries than tokens, 7 (the BRGEMM variant) its brgemm functions not set, 8 an int4 pool whose head_dim
- * is not a multiple of 32 or above 256, or without its scales.
+ * more queries than tokens, 7 (the BRGEMM variant) its brgemm functions not set, 8 a quantized pool whose head_dim
+ * is above 256 (int4: or not a multiple of 32), or without its scales.
  * The python reference is radixrt/kernels/decode_attention.py (attend); tests hold every variant to
  * naive attention.
  */
@@ -60,7 +62,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_INT4 = 2 };
+enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_INT4 = 2, KIND_INT8 = 3 };
+#define QUANTIZED(kind) ((kind) >= KIND_INT4) /* rows dequantized in the kernel, with their scales (quant_rows.h) */
 #define INT4_GROUP 32 /* elements of a token's head per float16 scale (radixrt/kv_settings.py) */
 
 #include "simd.h"
@@ -79,28 +82,6 @@ enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_INT4 = 2 };
 
 ALWAYS_INLINE vf load_kind(const void *pool, int64_t offset, const int kind) {
     return kind == KIND_BF16 ? v_load_bf16((const uint16_t *)pool + offset) : v_load((const float *)pool + offset);
-}
-
-/* IEEE half -> float, in plain C (every variant; F16C is not among the scalar variant's flags). */
-static inline float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0) { /* zero or subnormal: man * 2^-24 */
-        const float f = (float)man * (1.0f / 16777216.0f);
-        return sign ? -f : f;
-    }
-    bits = sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* dst[0 .. D) = the int4 row at element offset `at` (two values a byte, low nibble first, stored + 8), each
- * group of INT4_GROUP times its float16 scale: the pool's values as kv_quant.dequantize_int4 reads them. */
-static inline void int4_row(const uint8_t *pool, const uint16_t *scales, int64_t at, int D, float *dst) {
-    const uint8_t *bytes = pool + at / 2;
-    const uint16_t *sc = scales + at / INT4_GROUP;
-    for (int g = 0; g < D / INT4_GROUP; g++) v_int4_group(bytes + g * INT4_GROUP / 2, half_to_float(sc[g]), dst + g * INT4_GROUP);
 }
 
 /* offs[i] = where token t0 + i's row (KV head 0) starts in the pool, for i < TB; tokens past the
@@ -230,12 +211,14 @@ ALWAYS_INLINE int pv_rows(const float *w, int64_t stride, const void *v_pool, co
 
 #define MAX_GEMM_D 256 /* head_dim up to which the GEMM tiles serve (their block buffers are on the stack) */
 
+#include "quant_rows.h"
+
 /* kt[d * TB + i] = K row i's element d (the rows at offs), in float32: the block transposed. */
 static inline void widen_transposed(const void *k_pool, const int kind, const int64_t *offs, int D, float *kt,
-                                    const uint16_t *scales) {
-    if (kind == KIND_INT4) { /* the block's rows dequantized into L1, then transposed */
+                                    const void *scales) {
+    if (QUANTIZED(kind)) { /* the block's rows dequantized into L1, then transposed */
         float rows[TB * MAX_GEMM_D];
-        for (int i = 0; i < TB; i++) int4_row(k_pool, scales, offs[i], D, rows + i * D);
+        for (int i = 0; i < TB; i++) quant_row(kind, k_pool, scales, offs[i], D, rows + i * D);
 #if defined(RADIXRT_AVX512_FAMILY) && TB == 16
         for (int d = 0; d < D; d += 16) {
             __m512i r[16];
@@ -268,9 +251,9 @@ static inline void widen_transposed(const void *k_pool, const int kind, const in
 
 /* vb[i * D + d] = V row i's element d (the rows at offs), in float32. */
 static inline void widen_rows(const void *v_pool, const int kind, const int64_t *offs, int D, float *vb,
-                              const uint16_t *scales) {
-    if (kind == KIND_INT4) {
-        for (int i = 0; i < TB; i++) int4_row(v_pool, scales, offs[i], D, vb + i * D);
+                              const void *scales) {
+    if (QUANTIZED(kind)) {
+        for (int i = 0; i < TB; i++) quant_row(kind, v_pool, scales, offs[i], D, vb + i * D);
         return;
     }
     for (int i = 0; i < TB; i++)
@@ -458,12 +441,12 @@ static float softmax_row(float *s, int64_t lo, int64_t hi, int64_t Np, float sof
 }
 
 /* A block's rows of one KV head (at `head` elements into each token's row): offs[i] = where row i starts
- * in the pool; returns the pool, or for int4 `scratch`, which then holds the rows dequantized, D apart. */
-static inline const void *head_block(const int kind, const void *pool, const uint16_t *scales, const int64_t *base,
+ * in the pool; returns the pool, or for a quantized one `scratch`, which then holds the rows dequantized, D apart. */
+static inline const void *head_block(const int kind, const void *pool, const void *scales, const int64_t *base,
                                      int64_t head, int D, int64_t *offs, float *scratch) {
     for (int i = 0; i < TB; i++) offs[i] = base[i] + head;
-    if (kind != KIND_INT4) return pool;
-    for (int i = 0; i < TB; i++) int4_row(pool, scales, offs[i], D, scratch + i * D);
+    if (!QUANTIZED(kind)) return pool;
+    for (int i = 0; i < TB; i++) quant_row(kind, pool, scales, offs[i], D, scratch + i * D);
     return scratch;
 }
 
@@ -475,7 +458,7 @@ static inline const void *head_block(const int kind, const void *pool, const uin
  * column t - t0. */
 typedef struct {
     const void *k_pool, *v_pool;
-    const uint16_t *k_scales, *v_scales; /* int4: a float16 scale per INT4_GROUP elements; else NULL */
+    const void *k_scales, *v_scales; /* int4: a float16 scale per INT4_GROUP elements; int8: a float32 per row; else NULL */
     const int64_t *pages;
     int KVH, D, page_size;
     float scale, softcap;
@@ -485,15 +468,21 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                                const int64_t *lo, const int64_t *hi, int64_t t0, int64_t N, int h0, int NH, int G,
                                float *scores, int64_t Np, uint16_t *q16, float *out, float *lse, int64_t lse_stride) {
     const int D = pool->D, KVH = pool->KVH;
-    const int halves = kind == KIND_INT4 ? 1 : kind == KIND_BF16 ? 4 : 8; /* half-bytes per element */
+    const int halves = kind == KIND_INT4 ? 1 : kind == KIND_INT8 ? 2 : kind == KIND_BF16 ? 4 : 8; /* half-bytes per element */
     /* many query rows per KV head: scores in GEMM tiles. Where the bf16 dot product serves (q16), every
      * task goes by them, decodes too: a block's K transposed by pairs in registers, 16 scores of a row per
      * instruction with no horizontal sums, two elements per lane (the widening path's 4-token tiles end
      * in a horizontal sum per row and 4 tokens, which costs more than the transpose at any row count). */
     const int gemm = (P * G >= GEMM_MIN_ROWS || q16 != NULL) && D <= MAX_GEMM_D;
     if (!gemm) q16 = NULL;
+#ifdef HAVE_VNNI
+    if (q16 && kind == KIND_INT4) /* the task's query rows quantized for the integer tiles, in score-row order */
+        for (int p = 0; p < P; p++)
+            for (int r = 0; r < NH * G; r++)
+                quantize_query(q + p * q_stride + (int64_t)r * D, D, (uint8_t *)(q16 + ((int64_t)p * NH * G + r) * D));
+#endif
 #ifdef HAVE_DOT_BF16
-    if (q16) /* the task's query rows in bf16, in score-row order */
+    if (q16 && kind == KIND_BF16) /* the task's query rows in bf16, in score-row order */
         for (int p = 0; p < P; p++)
             for (int r = 0; r < NH * G; r++)
                 for (int d = 0; d < D; d += 32)
@@ -502,7 +491,7 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
 #endif
     int64_t base[TB], ahead[TB], offs[TB]; /* rows of the block being read, and of the one to read next */
     /* gemm: the block's K transposed (in float32, or by pairs for the dot product), and its V, in float32 */
-    float kt[MAX_GEMM_D * TB], vb[TB * MAX_GEMM_D];
+    float kt[MAX_GEMM_D * TB] __attribute__((aligned(64))), vb[TB * MAX_GEMM_D] __attribute__((aligned(64)));
     int64_t rows_of_vb[TB];
     for (int i = 0; i < TB; i++) rows_of_vb[i] = (int64_t)i * D;
     const float *qp[gemm ? P * G : 1];
@@ -532,6 +521,13 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                         sp[n++] = scores + row * Np + b0;
                     }
                 }
+#ifdef HAVE_VNNI
+                if (q16 && kind == KIND_INT4) {
+                    int4_block(pool->k_pool, pool->k_scales, offs, D, (__m512i *)kt, vb);
+                    qk_int4_rows((const uint8_t *const *)qp16, (const __m512i *)kt, vb, D, n, pool->scale, sp);
+                    continue;
+                }
+#endif
 #ifdef HAVE_DOT_BF16
                 if (q16 && n <= FEW_ROWS) {
                     qk_dot_few(pool->k_pool, offs, qp16, D, n, pool->scale, sp);
@@ -550,7 +546,7 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
         }
         for (int h = 0; h < NH; h++) {
             const void *k_rows = head_block(kind, pool->k_pool, pool->k_scales, base, (int64_t)(h0 + h) * D, D, offs, kt);
-            const int64_t *rows = kind == KIND_INT4 ? rows_of_vb : offs; /* where k_rows holds the block's rows */
+            const int64_t *rows = QUANTIZED(kind) ? rows_of_vb : offs; /* where k_rows holds the block's rows */
             for (int p = 0; p < P; p++) {
                 const int64_t from = lo[p] - t0 > b0 ? (lo[p] - t0 - b0) & ~(int64_t)3 : 0; /* first group of 4 it reads */
                 const int64_t to = hi[p] - t0 - b0 < TB ? hi[p] - t0 - b0 : TB;
@@ -559,7 +555,7 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                     const int64_t row = ((int64_t)p * NH + h) * G + g0;
                     const float *qr = q + p * q_stride + ((int64_t)h * G + g0) * D;
                     for (int64_t i = from; i < to; i += 4)
-                        qk_rows(qr, k_rows, kind == KIND_INT4 ? KIND_F32 : kind, rows + i, D, gn, pool->scale,
+                        qk_rows(qr, k_rows, QUANTIZED(kind) ? KIND_F32 : kind, rows + i, D, gn, pool->scale,
                                 scores + row * Np + b0 + i, Np);
                 }
             }
@@ -581,7 +577,7 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
             for (int h = 0; h < NH; h++) {
                 for (int i = 0; i < TB; i++) offs[i] = base[i] + (int64_t)(h0 + h) * D;
 #ifdef HAVE_DOT_BF16
-                if (q16) pair_rows(pool->v_pool, offs, D, (uint32_t *)vb);
+                if (q16 && kind == KIND_BF16) pair_rows(pool->v_pool, offs, D, (uint32_t *)vb);
                 else
 #endif
                     widen_rows(pool->v_pool, kind, offs, D, vb, pool->v_scales);
@@ -593,7 +589,7 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                         float *o = out + p * q_stride + ((int64_t)h * G + g0) * D;
                         for (int d0 = 0; d0 < D;) {
 #ifdef HAVE_DOT_BF16
-                            if (q16) {
+                            if (q16 && kind == KIND_BF16) {
                                 d0 += VL * pv_dot_rows(scores + row * Np + b0, Np, (const uint32_t *)vb, d0, o, D, gn);
                                 continue;
                             }
@@ -607,7 +603,7 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
         }
         for (int h = 0; h < NH; h++) {
             const void *v_rows = head_block(kind, pool->v_pool, pool->v_scales, base, (int64_t)(h0 + h) * D, D, offs, vb);
-            const int64_t *rows = kind == KIND_INT4 ? rows_of_vb : offs;
+            const int64_t *rows = QUANTIZED(kind) ? rows_of_vb : offs;
             for (int p = 0; p < P; p++) {
                 if (lo[p] - t0 >= b0 + TB || hi[p] - t0 <= b0) continue; /* the block is outside what it reads */
                 for (int g0 = 0; g0 < G; g0 += GT) {
@@ -615,7 +611,7 @@ ALWAYS_INLINE void attend_task(const int kind, const Pool *pool, const float *q,
                     const int64_t row = ((int64_t)p * NH + h) * G + g0;
                     float *o = out + p * q_stride + ((int64_t)h * G + g0) * D;
                     for (int d0 = 0; d0 < D;)
-                        d0 += VL * pv_rows(scores + row * Np + b0, Np, v_rows, kind == KIND_INT4 ? KIND_F32 : kind, rows,
+                        d0 += VL * pv_rows(scores + row * Np + b0, Np, v_rows, QUANTIZED(kind) ? KIND_F32 : kind, rows,
                                            d0, o, D, gn);
                 }
             }
@@ -643,7 +639,13 @@ static void attend_task_bf16(const Pool *pool, const float *q, int64_t q_stride,
 static void attend_task_int4(const Pool *pool, const float *q, int64_t q_stride, int P, const int64_t *lo, const int64_t *hi,
                              int64_t t0, int64_t N, int h0, int NH, int G, float *scores, int64_t Np, uint16_t *q16,
                              float *out, float *lse, int64_t lse_stride) {
-    attend_task(KIND_INT4, pool, q, q_stride, P, lo, hi, t0, N, h0, NH, G, scores, Np, NULL, out, lse, lse_stride);
+    attend_task(KIND_INT4, pool, q, q_stride, P, lo, hi, t0, N, h0, NH, G, scores, Np, q16, out, lse, lse_stride);
+}
+
+static void attend_task_int8(const Pool *pool, const float *q, int64_t q_stride, int P, const int64_t *lo, const int64_t *hi,
+                             int64_t t0, int64_t N, int h0, int NH, int G, float *scores, int64_t Np, uint16_t *q16,
+                             float *out, float *lse, int64_t lse_stride) {
+    attend_task(KIND_INT8, pool, q, q_stride, P, lo, hi, t0, N, h0, NH, G, scores, Np, NULL, out, lse, lse_stride);
 }
 
 #define PC 16 /* query positions per task: a request's K/V is read once per chunk of this many */
@@ -656,11 +658,11 @@ static inline void position_range(int64_t kv_len, int64_t n, int64_t i, int64_t 
 }
 
 int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, const void *v_pool, int kind,
-                                           const uint16_t *k_scales, const uint16_t *v_scales, const int64_t *pages, int64_t pages_stride, const int64_t *kv_lens,
+                                           const void *k_scales, const void *v_scales, const int64_t *pages, int64_t pages_stride, const int64_t *kv_lens,
                                            const int64_t *q_starts, int B, int H, int KVH, int D, int page_size,
                                            float scale, int64_t window, float softcap, float *out, float *lse) {
-    if (kind != KIND_F32 && kind != KIND_BF16 && kind != KIND_INT4) return 1;
-    if (kind == KIND_INT4 && (D % INT4_GROUP || D > MAX_GEMM_D || !k_scales || !v_scales)) return 8;
+    if (kind < KIND_F32 || kind > KIND_INT8) return 1;
+    if (QUANTIZED(kind) && ((kind == KIND_INT4 && D % INT4_GROUP) || D > MAX_GEMM_D || !k_scales || !v_scales)) return 8;
     if (H % KVH) return 2;
     if (window < 0 || softcap < 0.0f) return 4;
     if (D % VL) return 5;
@@ -689,17 +691,18 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
     int64_t *chunk_pos = chunk_req + chunks, at = 0;
     for (int b = 0; b < B; b++)
         for (int64_t c = 0; c < q_starts[b + 1] - q_starts[b]; c += PC) chunk_req[at] = b, chunk_pos[at++] = c;
-    const int64_t row_bytes = (int64_t)KVH * D * (kind == KIND_INT4 ? 1 : kind == KIND_BF16 ? 4 : 8) / 2;
+    const int64_t row_bytes = (int64_t)KVH * D * (kind == KIND_INT4 ? 1 : kind == KIND_INT8 ? 2 : kind == KIND_BF16 ? 4 : 8) / 2;
     const int splits = chunks >= 2 * omp_get_max_threads() && row_bytes <= 512 ? 1 : KVH;
     const int per_task = KVH / splits;
     const int64_t Np = (widest + TB - 1) / TB * TB;
     const Pool pool = {k_pool, v_pool, k_scales, v_scales, NULL, KVH, D, page_size, scale, softcap};
     void (*task_fn)(const Pool *, const float *, int64_t, int, const int64_t *, const int64_t *, int64_t, int64_t, int,
                     int, int, float *, int64_t, uint16_t *, float *, float *, int64_t) =
-        kind == KIND_INT4 ? attend_task_int4 : kind == KIND_BF16 ? attend_task_bf16 : attend_task_f32;
+        kind == KIND_INT8 ? attend_task_int8 : kind == KIND_INT4 ? attend_task_int4 : kind == KIND_BF16 ? attend_task_bf16 : attend_task_f32;
 #ifdef HAVE_DOT_BF16
-    /* The bf16 dot product computes the scores of a bf16 pool's GEMM-tiled tasks (many rows per KV head). */
-    const int dot = kind == KIND_BF16 && D % 32 == 0;
+    /* The bf16 dot product computes the scores of a bf16 pool's GEMM-tiled tasks (many rows per KV head), the
+     * int8 one an int4 pool's (quant_rows.h); both take the query rows converted into the scratch's second part. */
+    const int dot = (kind == KIND_BF16 && D % 32 == 0) || kind == KIND_INT4;
 #else
     const int dot = 0;
 #endif

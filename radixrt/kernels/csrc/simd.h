@@ -3,7 +3,8 @@
  * (AVX512BF16 and AVX512: 16 float32 lanes, the first with a bf16 dot product; BRGEMM: AVX512BF16's
  * layer, its many-row tasks through brgemm_tiles.h; AVX2: 8;
  * SCALAR: 1, plain C for any target). A kernel uses only
- * these names (vf, VL, v_*; v_int4_group dequantizes 32 int4 values), so its source is the same for every variant; ISA_NAME suffixes its
+ * these names (vf, VL, v_*; v_int4_group dequantizes 32 int4 values, v_load_i8 widens VL int8 ones;
+ * HAVE_VNNI: the int8 dot products of AVX512-VNNI), so its source is the same for every variant; ISA_NAME suffixes its
  * entry points (CAT(radixrt_name, ISA_NAME) -> radixrt_name_avx512).
  */
 #ifndef RADIXRT_SIMD_H
@@ -16,10 +17,12 @@
 #define RADIXRT_AVX512_FAMILY
 #define ISA_NAME avx512bf16
 #define HAVE_DOT_BF16 1
+#define HAVE_VNNI 1
 #elif defined(RADIXRT_ISA_BRGEMM) /* AVX512BF16, and many-row tasks by oneDNN's brgemm (AMX tiles where present) */
 #define RADIXRT_AVX512_FAMILY
 #define ISA_NAME brgemm
 #define HAVE_DOT_BF16 1
+#define HAVE_VNNI 1
 #define HAVE_BRGEMM 1
 #elif defined(RADIXRT_ISA_AVX512)
 #define RADIXRT_AVX512_FAMILY
@@ -40,6 +43,7 @@ static inline void v_store(float *p, vf x) { _mm512_storeu_ps(p, x); }
 static inline vf v_load_bf16(const uint16_t *p) { /* bf16 is the top half of a float32 */
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
+static inline vf v_load_i8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 static inline vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf v_add(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf v_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
@@ -106,6 +110,7 @@ static inline void v_store(float *p, vf x) { _mm256_storeu_ps(p, x); }
 static inline vf v_load_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
+static inline vf v_load_i8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 static inline vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
 static inline vf v_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
@@ -145,6 +150,7 @@ static inline vf v_load_bf16(const uint16_t *p) {
     memcpy(&x, &bits, sizeof x);
     return x;
 }
+static inline vf v_load_i8(const int8_t *p) { return (float)*p; }
 static inline vf v_fma(vf a, vf b, vf c) { return a * b + c; }
 static inline vf v_add(vf a, vf b) { return a + b; }
 static inline vf v_sub(vf a, vf b) { return a - b; }
