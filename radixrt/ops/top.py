@@ -11,7 +11,9 @@ with one line on stderr, when the server cannot be reached or does not answer 20
 from __future__ import annotations
 
 import math
+import signal
 import sys
+import threading
 import time
 from datetime import datetime
 from typing import Any
@@ -283,11 +285,21 @@ def fetch(url: str, api_key: str | None, timeout: float = TIMEOUT_S) -> tuple[Sc
 
 
 def watch(url: str, interval: float, api_key: str | None, once: bool) -> int:
-    """Print a frame every interval seconds (one with once), each over the last on a terminal."""
+    """Print a frame every interval seconds (one with once), each over the last on a terminal, until
+    Ctrl-C. The interrupt also sets a flag the loop checks: a KeyboardInterrupt raised inside a
+    library's request code can be swallowed there, and top would then run on."""
     previous: Scrape | None = None
     last = 0.0
     clear = CLEAR if sys.stdout.isatty() else ""
-    while True:
+    stopping = threading.Event()
+
+    def interrupted(signum: int, frame: Any) -> None:
+        stopping.set()
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, interrupted)
+    while not stopping.is_set():
         scrape, info = fetch(url, api_key)
         now = time.monotonic()
         since = now - last if previous is not None else None
@@ -297,7 +309,8 @@ def watch(url: str, interval: float, api_key: str | None, once: bool) -> int:
             return 0
         print(clear + frame + ("" if clear else "\n"), flush=True)
         previous, last = scrape, now
-        time.sleep(max(0.0, interval - (time.monotonic() - now)))
+        stopping.wait(max(0.0, interval - (time.monotonic() - now)))
+    return 0
 
 
 def main(argv: list[str]) -> int:
