@@ -509,7 +509,7 @@ class WorkerReady(msgspec.Struct, tag=True):
     matmul_dtype_reason: str = ""
     weight_packing: str = ""  # "onednn" or "none": through which kernel they multiply, and why
     weight_packing_reason: str = ""
-    weight_quantization: str = ""  # "none", "w8a8_int8", "int8wo" or "fp8" (models/checkpoint_quant.py), and why
+    weight_quantization: str = ""  # "none", "w8a8_int8", "int8wo", "fp8" or "gguf" (models/checkpoint_quant.py), and why
     weight_quantization_reason: str = ""
     # the attention kernel of each shape class (decode, extend, cascade: kernels/kernel_choice.py), and why
     attention_kernels: dict[str, str] = {}

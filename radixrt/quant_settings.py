@@ -39,7 +39,7 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf")  # SGLang's --load-format values 
 class WeightScheme:
     """How the linear layers hold and multiply their weights."""
 
-    name: str  # "none", "w8a8_int8", "int8wo" or "fp8"
+    name: str  # "none", "w8a8_int8", "int8wo", "fp8" or "gguf" (a GGUF file's blocks)
     source: str  # what chose it, for the log and /get_server_info
     prequantized: bool = False  # the checkpoint holds the quantized tensors (else quantized at load)
 

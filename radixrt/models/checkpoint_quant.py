@@ -87,6 +87,8 @@ def weight_scheme(quantization: str | None, torchao_config: str, qc: Mapping[str
                          "quantization_config (to quantize at load, use w8a8_int8 or --torchao-config int8wo)")
     if quantization == "w8a8_int8":
         return WeightScheme("w8a8_int8", "--quantization w8a8_int8, quantized at load")
+    if quantization == "gguf" and not torchao_config:
+        return WeightScheme("gguf", "the GGUF file's blocks", prequantized=True)
     if torchao_config:
         return WeightScheme(TORCHAO_SCHEMES[torchao_config], f"--torchao-config {torchao_config}, quantized at load")
     return WeightScheme("none", "unquantized")

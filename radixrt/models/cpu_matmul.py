@@ -160,7 +160,7 @@ def pack_linear_weights(model: nn.Module) -> None:
     """Give every linear layer its weight packed for oneDNN (again after the weights change); int8
     layers multiply through their own kernels (weight_quant.py)."""
     for module in model.modules():
-        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and module.int8 is None:
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and module.int8 is None and module.quant is None:
             module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
 
 
@@ -169,7 +169,8 @@ def hold_linear_weights_in(model: nn.Module, dtype: torch.dtype) -> None:
     module (the LM head to the embedding) gets its own copy; the other keeps its dtype. int8
     layers (weight_quant.py) keep their int8 weights; a bias is the kernel's to read in any dtype."""
     for module in model.modules():
-        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and module.weight.dtype != torch.int8:
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and module.weight.dtype != torch.int8 \
+                and module.quant is None:
             module.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
             if module.bias is not None:
                 module.bias = nn.Parameter(module.bias.detach().to(dtype), requires_grad=False)

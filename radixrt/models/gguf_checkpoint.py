@@ -40,11 +40,16 @@ from radixrt.utils.gguf_sidecar import GgufSource, gguf_source
 logger = logging.getLogger(__name__)
 
 
-def iter_gguf(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_gguf(model_dir: Path, keep: frozenset[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights of the GGUF file the sidecar model_dir names: (Hugging Face name, float32 CPU
     tensor), one tensor dequantized at a time (the Qwen-MoE gate and up experts of a layer held
-    until both are read). Raises ValueError when the file changed since the sidecar was built."""
+    until both are read). A tensor whose Hugging Face name is in `keep` comes as its blocks instead
+    (gguf_blocks.unpack): `name` its values, `name_scale` and (4 bits) `name_min` its group scales and
+    mins, each through the same tensor processor (a row permutation). Raises ValueError when the
+    file changed since the sidecar was built."""
     import gguf
+
+    from radixrt.models.gguf_blocks import unpack
 
     source, config = _source_and_config(model_dir)
     header = _header_reader().from_file(source.path)
@@ -60,6 +65,12 @@ def iter_gguf(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         qtype = gguf.GGMLQuantizationType(info.ggml_type)
         start = header.data_start + info.offset
         raw = blob[start : start + info.nbytes].reshape(gguf.quant_shape_to_byte_shape(info.shape, qtype))
+        if names.get(info.name) in keep:
+            for suffix, part in zip(("", "_scale", "_min"), unpack(raw, qtype.name, *info.shape)):
+                if part is not None:
+                    held = process_tensor(weights=part.numpy(), name=info.name, tensor_key_mapping=names, parsed_parameters=parsed)
+                    yield names[held.name] + suffix, torch.from_numpy(np.ascontiguousarray(held.weights))
+            continue
         values = gguf.dequantize(raw, qtype)  # float32, info.shape
         result = process_tensor(weights=values, name=info.name, tensor_key_mapping=names, parsed_parameters=parsed)
         if result.name is None:  # merged into parsed["tensors"] by the processor
@@ -103,6 +114,17 @@ def gguf_tensor_meta(model_dir: Path) -> dict[str, TensorMeta]:
             shape = (prev[0], prev[1] + shape[1], *prev[2:])
         out[target] = TensorMeta("F32", tuple(shape))
     return out
+
+
+def tensor_types(model_dir: Path) -> dict[str, str]:
+    """Hugging Face parameter name -> the GGUF type (Q4_1, F32 ...) of the tensor that fills it, from the header
+    (merged experts, which fill one parameter from several tensors, are left out)."""
+    import gguf
+
+    source, config = _source_and_config(model_dir)
+    names = hf_names(config, source.architecture, _processor(source.architecture, config))
+    return {names[info.name]: gguf.GGMLQuantizationType(info.ggml_type).name
+            for info in _header_reader().from_file(source.path).tensors if info.name in names}
 
 
 def hf_names(config: dict[str, Any], architecture: str, processor: Any) -> dict[str, str]:

@@ -64,7 +64,10 @@ def _linear(weight: torch.Tensor, packed: torch.Tensor | None, x: torch.Tensor, 
 def _product(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The layer's x @ W^T (+ bias) in its compute dtype, its LoRA deltas added to that in place
     (no pass over the output of their own), returned in x's dtype."""
-    if layer.int8 is not None:
+    if layer.quant is not None:  # held as a GGUF file's blocks (gguf_weights.py)
+        xw, y = x, layer.quant(x)
+        y = y if bias is None else y + bias
+    elif layer.int8 is not None:
         xw, y = x, layer.int8(x, layer.weight, layer.weight_scale, bias)
     else:
         xw = x.to(layer.weight.dtype)  # once, for the base product and the adapters' alike
@@ -81,6 +84,7 @@ class ColumnParallelLinear(nn.Linear):
     # An int8 layer (weight_quant.py): weight is int8 [out, in], weight_scale float32 [out, 1], and
     # int8 the kernel that multiplies them (int8_linear.Int8Kernel).
     int8: Callable | None = None
+    quant: Callable | None = None  # a layer held as a GGUF file's blocks: its product (gguf_weights.QuantLinear)
     lora: LoraSite | None = None  # its LoRA adapters' slots (models/lora.py), under --enable-lora
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,6 +101,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.packed: torch.Tensor | None = None  # as ColumnParallelLinear.packed
         self.int8: Callable | None = None  # as ColumnParallelLinear.int8
+        self.quant: Callable | None = None  # as ColumnParallelLinear.quant
         self.lora: LoraSite | None = None  # as ColumnParallelLinear.lora: its delta joins the partial sums
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from safetensors import safe_open
 from radixrt.models.config import ModelConfig
 from radixrt.models.fp8_checkpoint import dequantize_fp8
 from radixrt.models.gemma import GemmaForCausalLM
+from radixrt.models.gguf_weights import hold_placeholders, pack_layers, resident_layers
 from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.parallel import TPGroup
 from radixrt.models.phi3 import Phi3ForCausalLM
@@ -54,7 +55,8 @@ def load_model(
     int8 = scheme.name in ("w8a8_int8", "int8wo")
     if int8 and scheme.prequantized:
         hold_int8_placeholders(model)
-    weights = iter_safetensors(Path(path), device)
+    held, keep = _gguf_layers(model, Path(path), device, tp) if scheme.name == "gguf" else ({}, frozenset())
+    weights = iter_safetensors(Path(path), device, keep)
     if scheme.name == "fp8":
         weights = dequantize_fp8(weights, dtype)
     elif int8 and scheme.prequantized:
@@ -62,7 +64,20 @@ def load_model(
     model.load_weights(weights)
     if int8 and not scheme.prequantized:
         quantize_linear_weights(model, tp)
+    # the layers held as the GGUF file quantizes them, and their bytes (gguf_weights.py)
+    model.gguf_held = (len(held), pack_layers(model, held, dtype)) if held else None
     return model.eval()
+
+
+def _gguf_layers(model: torch.nn.Module, path: Path, device: torch.device, tp: TPGroup) -> tuple[dict[str, int], frozenset[str]]:
+    """The linear layers a GGUF file's blocks fill as they are (placeholders held), and the Hugging Face
+    names of the tensors that fill them."""
+    from radixrt.models.gguf_checkpoint import tensor_types
+
+    types = tensor_types(path)
+    held = resident_layers(model, types, device, tp.size)
+    hold_placeholders(model, held)
+    return held, frozenset(n for n in types if model._shard_plan(n.removeprefix("model."))[0].removesuffix(".weight") in held)
 
 
 def reload_weights(model: torch.nn.Module, path: str | Path, device: torch.device) -> None:
@@ -76,17 +91,18 @@ def reload_weights(model: torch.nn.Module, path: str | Path, device: torch.devic
         head.data.copy_(embed.data)
 
 
-def iter_safetensors(path: Path, device: torch.device) -> Iterator[tuple[str, Any]]:
+def iter_safetensors(path: Path, device: torch.device, keep: frozenset[str] = frozenset()) -> Iterator[tuple[str, Any]]:
     """Lazy tensors of a checkpoint (one model.safetensors or the shards its index lists):
     indexing a slice reads only that part, so a rank never loads the whole model. A GGUF
     sidecar directory (utils/gguf_sidecar.py) yields its GGUF file's tensors instead, whole,
-    dequantized to float32 on the CPU one at a time (gguf_checkpoint.iter_gguf)."""
+    dequantized to float32 on the CPU one at a time, but those named in `keep`, which come as
+    their blocks (gguf_checkpoint.iter_gguf)."""
     # imported here: this function is registry.py's one GGUF hook
     from radixrt.models.gguf_checkpoint import iter_gguf
     from radixrt.utils.gguf_sidecar import gguf_source
 
     if gguf_source(path) is not None:
-        yield from iter_gguf(path)
+        yield from iter_gguf(path, keep)
         return
     index = path / "model.safetensors.index.json"
     if index.exists():

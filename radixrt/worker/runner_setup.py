@@ -132,13 +132,22 @@ def load_for_serving(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, dev
 
 @dataclass(frozen=True)
 class QuantChoice:
-    scheme: str  # WeightScheme.name: "none", "w8a8_int8", "int8wo" or "fp8"
+    scheme: str  # WeightScheme.name: "none", "w8a8_int8", "int8wo", "fp8" or "gguf" (layers held quantized)
     reason: str  # where the scheme came from and, for int8, which kernel and why
 
 
 def quantized_kernels(model: torch.nn.Module, scheme: WeightScheme, dtype: torch.dtype, device: torch.device,
                       ranks: Ranks) -> QuantChoice:
-    """Give an int8 model's layers the kernel rank 0 measured fastest (every rank multiplies alike)."""
+    """Give an int8 model's layers the kernel rank 0 measured fastest (every rank multiplies alike); say
+    what a GGUF file's layers are held as."""
+    if scheme.name == "gguf":
+        held = getattr(model, "gguf_held", None)
+        if held is None:
+            return QuantChoice("none", f"{scheme.source}: dequantized to {dtype} at load")
+        reason = (f"{scheme.source}: {held[0]} linear layers held as the file quantizes them ({held[1] / 2**20:.1f} MiB, "
+                  f"int8 activations, kernels/quant_weights.py); the embedding and lm_head dequantized to {dtype}")
+        logger.info("weights: %s", reason)
+        return QuantChoice("gguf", reason)
     if not scheme.int8:
         reason = scheme.source if scheme.name == "none" else f"{scheme.source}: dequantized to {dtype} at load"
         return QuantChoice(scheme.name, reason)

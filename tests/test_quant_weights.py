@@ -1,0 +1,93 @@
+"""Weights held quantized (kernels/quant_weights.py, models/gguf_blocks.py): llama.cpp's blocks unpack to
+exactly the weights gguf dequantizes (Q4_K to float16 scales), pack into the kernel's layout and back, and
+every variant of the compiled GEMM equals its float64 reference on the weights held."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from radixrt.kernels.native_build import ISA_BY_NAME, runnable_isas
+from radixrt.kernels.quant_weights import dequantize, pack, reference
+from radixrt.models.gguf_blocks import BLOCK_BYTES, unpack
+from support.kernels import require_native
+
+gguf = pytest.importorskip("gguf", reason="the gguf package (a dependency) is missing")
+QTYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K"]
+
+
+def gguf_tensor(qtype: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """A tensor's raw bytes as a GGUF file holds them: quantized by gguf where it can, else (Q4_K) random
+    blocks with finite float16 d and dmin (any bytes are a valid Q4_K block otherwise)."""
+    rng = np.random.default_rng(seed)
+    kind = gguf.GGMLQuantizationType[qtype]
+    if qtype != "Q4_K":
+        return gguf.quantize(rng.standard_normal((rows, cols)).astype(np.float32), kind)
+    per, size = BLOCK_BYTES[qtype]
+    blocks = rng.integers(0, 256, (rows * cols // per, size), dtype=np.uint8)
+    blocks[:, 0:4] = rng.uniform(1e-3, 1e-2, (len(blocks), 2)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_gguf_blocks_unpack_to_the_weights_gguf_dequantizes(qtype):
+    rows, cols = 48, 512
+    raw = gguf_tensor(qtype, rows, cols)
+    want = torch.from_numpy(gguf.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(rows, cols))
+    held = dequantize(pack(*unpack(raw, qtype, rows, cols)))
+    if qtype == "Q4_K":  # scale and min rounded to float16: a relative 2^-11 of each at most
+        torch.testing.assert_close(held, want, atol=16 * 2e-2 * 2**-11 * 64, rtol=0)
+    else:
+        assert torch.equal(held, want)
+
+
+def test_packing_refuses_shapes_the_kernel_cannot_tile():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        pack(torch.zeros(16, 48, dtype=torch.int8), torch.ones(16, 1))
+    with pytest.raises(ValueError, match="of 16"):
+        pack(torch.zeros(24, 64, dtype=torch.int8), torch.ones(24, 2))
+
+
+@pytest.mark.parametrize("isa", [isa.name for isa in runnable_isas() if isa.name != "brgemm"])
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_every_variant_equals_the_float64_reference(isa, qtype, rows, dtype):
+    """y = x W^T over the held weights: activations quantized to int8 per 32 as the kernel does, products
+    summed exactly, scaled in float32: to float32's rounding of the reference."""
+    from radixrt.kernels.quant_weights import build_qgemm
+
+    require_native()
+    n, k = 96, 512
+    w = pack(*unpack(gguf_tensor(qtype, n, k, seed=rows), qtype, n, k))
+    x = (torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 3).to(dtype)
+    got = build_qgemm(ISA_BY_NAME[isa])(x, w)
+    want = reference(x, w)
+    torch.testing.assert_close(got.double(), want, atol=1e-4 * want.abs().max().item(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_from_the_chosen_rows_a_layer_goes_through_its_weight_dequantized(qtype):
+    """From its dequantize_rows a held layer multiplies through its weight dequantized for the call: the
+    compiled dequantizer gives `dequantize`'s values exactly (float32; bf16 rounded to nearest even), and
+    the layer's product is F.linear over them; fewer rows (or None) take the integer tiles. The start-up
+    choice names a probed row count, or None."""
+    from radixrt.kernels.quant_weights import load_qgemm
+    from radixrt.models.gguf_weights import PROBE_ROWS, QuantLinear, choose_dequantize_rows
+
+    require_native()
+    kernel = load_qgemm()
+    n, k = 64, 256
+    w = pack(*unpack(gguf_tensor(qtype, n, k), qtype, n, k))
+    assert torch.equal(kernel.dequantize(w, torch.float32), dequantize(w))
+    assert torch.equal(kernel.dequantize(w, torch.bfloat16), dequantize(w).bfloat16())
+    layer = QuantLinear(w, kernel, dequantize_rows=8)
+    x = torch.randn(2, 4, k).bfloat16()
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, dequantize(w).bfloat16()))
+    few = x[0, :3].float()
+    for tiles in (layer, QuantLinear(w, kernel)):
+        torch.testing.assert_close(tiles(few).double(), reference(few, w), atol=1e-4 * reference(few, w).abs().max().item(), rtol=1e-5)
+    rows, timings = choose_dequantize_rows(w, kernel, torch.bfloat16)
+    assert rows is None or rows in PROBE_ROWS
+    assert f"{PROBE_ROWS[0]} rows" in timings
