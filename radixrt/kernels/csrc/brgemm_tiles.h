@@ -72,11 +72,22 @@ static inline void tile_k_transposed(const uint16_t *k_pool, const int64_t *offs
         }
 }
 
-/* C [M, N] (+)= A [M, K] x B [K, N] (B row-major, ld_b = N), packed first where the tiles want VNNI. */
+/* C [M, N] (+)= A [M, K] x B [K, N] (B row-major, ld_b = N). For the tiles B is packed to VNNI pairs
+ * first, at most TILE_N columns at a time: oneDNN's packing makes blocks of 16-64 columns only (a
+ * head_dim of 128 as one block aborts in torch with "could not create a BRGeMM ukernel packing B
+ * object"), so C's columns are filled TILE_N at a time. */
+#define TILE_N 64
 static inline void tile_product(int64_t M, int64_t N, int64_t K, const uint16_t *A, int64_t ld_a, uint16_t *B,
                                 uint16_t *packed, float *C, int64_t ld_c, bool add) {
-    if (tile_vnni) tile_pack(K, N, N, N, SCALAR_BF16, SCALAR_BF16, B, packed);
-    tile_gemm(M, N, K, ld_a, N, ld_c, add, A, tile_vnni ? packed : B, C, tile_vnni);
+    if (!tile_vnni) {
+        tile_gemm(M, N, K, ld_a, N, ld_c, add, A, B, C, false);
+        return;
+    }
+    for (int64_t n0 = 0; n0 < N; n0 += TILE_N) {
+        const int64_t n = N - n0 < TILE_N ? N - n0 : TILE_N;
+        tile_pack(K, n, N, n, SCALAR_BF16, SCALAR_BF16, B + n0, packed);
+        tile_gemm(M, n, K, ld_a, n, ld_c, add, A, packed, C + n0, true);
+    }
 }
 
 /* One task (see attend_task for its arguments) over a bf16 pool. Returns 0, or 3 out of memory. */
