@@ -127,8 +127,8 @@ class ServerArgs:
         "read from config.json's quantization_config), gguf (a GGUF file); others are refused"
     )
     torchao_config: str = _arg(
-        "", "SGLang's torchao option, computed by radixrt's own int8 kernels: int8wo (int8 weights, activations in the "
-        "model dtype) or int8dq (as w8a8_int8)"
+        "", "SGLang's torchao option, computed by radixrt's own kernels: int8wo (int8 weights, activations in the "
+        "model dtype), int8dq (as w8a8_int8) or int4wo-<group> (4-bit weights per 32, 64, 128 or 256 inputs; CPU, one rank)"
     )
     load_format: str = _arg("auto", "auto (safetensors, or GGUF for a .gguf model_path), safetensors or gguf")
     context_length: int | None = _arg(None, "maximum tokens per sequence (default: the model's max_position_embeddings)")

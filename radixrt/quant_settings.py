@@ -8,6 +8,8 @@ SGLang's names and meanings:
   * `--torchao-config int8wo`: per-output-channel symmetric int8 weights, activations in the
     model's dtype (torchao's int8_weight_only); `int8dq` is w8a8_int8's arithmetic under
     torchao's name. Computed by our own kernels (int8_linear.py), not torchao's.
+  * `--torchao-config int4wo-<group>` (32, 64, 128, 256): 4-bit asymmetric weights per group along the
+    input, quantized at load and held in the GGUF path's 4-bit tiles (models/int4_weights.py).
   * `--quantization compressed-tensors`, or none with a config.json whose quantization_config
     says compressed-tensors: the W8A8 int8 scheme (channel weights, dynamic token activations)
     is read through the `compressed-tensors` package; other schemes are refused by name.
@@ -31,7 +33,7 @@ SGLANG_QUANTIZATION = (
 SUPPORTED_QUANTIZATION = ("w8a8_int8", "compressed-tensors", "fp8", "gguf")
 # SGLang's --torchao-config values ("" is off); the ones radixrt runs map to a scheme.
 SGLANG_TORCHAO = ("int8dq", "int8wo", "int4wo-<group_size>", "fp8wo", "fp8dq-per_tensor", "fp8dq-per_row")
-TORCHAO_SCHEMES = {"int8wo": "int8wo", "int8dq": "w8a8_int8"}
+TORCHAO_SCHEMES = {"int8wo": "int8wo", "int8dq": "w8a8_int8"} | {f"int4wo-{g}": "int4wo" for g in (32, 64, 128, 256)}
 LOAD_FORMATS = ("auto", "safetensors", "gguf")  # SGLang's --load-format values radixrt reads
 
 
@@ -39,9 +41,10 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf")  # SGLang's --load-format values 
 class WeightScheme:
     """How the linear layers hold and multiply their weights."""
 
-    name: str  # "none", "w8a8_int8", "int8wo", "fp8" or "gguf" (a GGUF file's blocks)
+    name: str  # "none", "w8a8_int8", "int8wo", "int4wo", "fp8" or "gguf" (a GGUF file's blocks)
     source: str  # what chose it, for the log and /get_server_info
     prequantized: bool = False  # the checkpoint holds the quantized tensors (else quantized at load)
+    group: int = 0  # int4wo's group size
 
     @property
     def int8(self) -> bool:

@@ -17,6 +17,7 @@ from radixrt.kernels.int8_ops import build_int8_ops
 
 from radixrt.models.checkpoint_quant import checkpoint_scheme, weight_scheme
 from radixrt.models.fp8_checkpoint import dequantize_fp8
+from radixrt.quant_settings import check_quantization_args
 from radixrt.models.int8_linear import (
     CANDIDATES,
     INT8WO,
@@ -156,6 +157,20 @@ def test_flags_and_checkpoint_must_agree():
     at_load = weight_scheme(None, "int8dq", None)
     assert (at_load.name, at_load.prequantized) == ("w8a8_int8", False)
     assert weight_scheme(None, "", None).name == "none"
+    int4 = weight_scheme(None, "int4wo-64", None)
+    assert (int4.name, int4.group, int4.prequantized) == ("int4wo", 64, False)
+    check_quantization_args(None, "int4wo-256", "auto")
+    with pytest.raises(ValueError, match=r"'int4wo-48' is not run by radixrt; it runs .*int4wo-32, int4wo-64"):
+        check_quantization_args(None, "int4wo-48", "auto")
+
+
+def test_int4wo_is_refused_where_its_tiles_do_not_run():
+    from radixrt.models.int4_weights import quantize_layers
+
+    with pytest.raises(ValueError, match=r"int4wo-128 holds the weights in radixrt's 4-bit CPU tiles, at one rank; this server runs at 2 ranks"):
+        quantize_layers(torch.nn.Module(), 128, torch.device("cpu"), 2)
+    with pytest.raises(ValueError, match="this server runs not on the CPU"):
+        quantize_layers(torch.nn.Module(), 128, torch.device("meta"), 1)
 
 
 def test_fp8_weights_are_dequantized_per_tensor_per_row_and_per_block():
@@ -204,6 +219,25 @@ def test_a_compressed_tensors_checkpoint_serves_what_quantizing_at_load_serves(l
     assert "compressed-tensors" in info["weight_quantization_reason"]
     assert served["at load"] == served["checkpoint"]
     assert all(len(ids) == 12 for ids in served["checkpoint"])
+
+
+def test_int4wo_serves_from_four_bit_tiles(llama_path):
+    """--torchao-config int4wo-32 on an unquantized checkpoint: every projection held in 4-bit tiles, the
+    server says so, requests complete with no page leaked, and weights are not updated in place."""
+    from support.helpers import assert_no_page_leak
+
+    import radixrt
+
+    with radixrt.Engine(model_path=str(llama_path), torchao_config="int4wo-32", max_total_tokens=512, dtype="float32",
+                        log_level="warning") as engine:
+        outs = engine.generate(["The quick brown fox", "Once upon a time"], sampling_params={"max_new_tokens": 6, "temperature": 0})
+        assert all(len(o["output_ids"]) == 6 for o in outs)
+        info = engine.get_server_info()
+        assert info["weight_quantization"] == "int4wo"
+        assert "linear layers held in 4 bits per 32 inputs" in info["weight_quantization_reason"]
+        success, message, _ = engine.update_weights_from_disk(str(llama_path))
+        assert not success and "served quantized (int4wo)" in message
+        assert_no_page_leak(engine)
 
 
 def test_an_fp8_checkpoint_loads_as_its_dequantized_weights(llama_path, tmp_path):

@@ -14,7 +14,7 @@ from radixrt.models.gguf_blocks import BLOCK_BYTES, unpack
 from support.kernels import require_native
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (a dependency) is missing")
-QTYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K"]
+QTYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K"]
 
 
 def gguf_tensor(qtype: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -40,6 +40,39 @@ def test_gguf_blocks_unpack_to_the_weights_gguf_dequantizes(qtype):
         torch.testing.assert_close(held, want, atol=16 * 2e-2 * 2**-11 * 64, rtol=0)
     else:
         assert torch.equal(held, want)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_an_embedding_held_in_the_tiles_looks_up_the_rows_they_hold(qtype):
+    """A tied embedding held as the LM head's packed weight gives each id's row as `dequantize` holds it,
+    rounded to the model's dtype once (as the embedding dequantized at load was)."""
+    from radixrt.models.gguf_weights import QuantRows
+
+    n, k = 80, 256
+    w = pack(*unpack(gguf_tensor(qtype, n, k), qtype, n, k))
+    ids = torch.tensor([0, 17, 79, 17, 33, 15, 16])
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(QuantRows(w, dtype)(ids), dequantize(w)[ids].to(dtype))
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_int4wo_gives_each_group_its_own_sixteen_levels(group):
+    """--torchao-config int4wo-<group>: one float16 scale and min per group along K (the last group shorter where K
+    is not a multiple: 320 at 128), repeated over its groups of 32; every weight within half a step of its level,
+    but for the float16 rounding of the scale and min."""
+    from radixrt.models.int4_weights import quantize_int4
+
+    w = torch.randn(32, 320, generator=torch.Generator().manual_seed(group)) * 0.05
+    values, scales, mins = quantize_int4(w, group)
+    assert values.dtype == torch.uint8 and int(values.max()) <= 15 and scales.shape == mins.shape == (32, 10)
+    per = group // 32
+    for first in range(0, 10, per):
+        for t in (scales, mins):
+            assert torch.equal(t[:, first:first + per], t[:, first:first + 1].expand(-1, min(per, 10 - first)))
+    step = scales.float().repeat_interleave(32, dim=1)
+    slack = 2**-10 * (mins.float().abs().repeat_interleave(32, dim=1) + 15 * step)
+    assert ((dequantize(pack(values, scales, mins)) - w).abs() <= step / 2 + slack).all()
+    assert int(values.min()) == 0 and int(values.max()) == 15  # each group's min and max are levels
 
 
 def test_packing_refuses_shapes_the_kernel_cannot_tile():

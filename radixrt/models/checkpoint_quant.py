@@ -90,5 +90,6 @@ def weight_scheme(quantization: str | None, torchao_config: str, qc: Mapping[str
     if quantization == "gguf" and not torchao_config:
         return WeightScheme("gguf", "the GGUF file's blocks", prequantized=True)
     if torchao_config:
-        return WeightScheme(TORCHAO_SCHEMES[torchao_config], f"--torchao-config {torchao_config}, quantized at load")
+        group = int(torchao_config.removeprefix("int4wo-")) if torchao_config.startswith("int4wo-") else 0
+        return WeightScheme(TORCHAO_SCHEMES[torchao_config], f"--torchao-config {torchao_config}, quantized at load", group=group)
     return WeightScheme("none", "unquantized")

@@ -7,6 +7,8 @@ holds them), never through float weights. The layouts are ggml's (gguf's quants.
         element = d (n - 8)                                        -> scale d, min -8 d (exact)
   Q4_1  per 32: float16 d, float16 m, 16 bytes as Q4_0; element = d n + m   -> scale d, min m (exact)
   Q8_0  per 32: float16 d, 32 int8; element = d q                  -> scale d (exact)
+  Q5_0  per 32: float16 d, 4 bytes of fifth bits (bit i: element i), 16 bytes of low nibbles as Q4_0;
+        element = d (n - 16)                                       -> 8-bit n - 16, scale d (exact)
   Q4_K  per 256: float16 d and dmin, 12 bytes of 6-bit scales sc_j and mins m_j for 8 sub-blocks of 32,
         128 bytes: 32-byte chunk c holds sub-block 2c in its low nibbles, 2c + 1 in its high;
         element = d sc_j n - dmin m_j                              -> scale d sc_j, min -dmin m_j, each
@@ -18,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-UNPACKED = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")  # the types held quantized
-BLOCK_BYTES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144)}  # (elements, bytes)
+UNPACKED = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0")  # the types held quantized
+BLOCK_BYTES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q8_0": (32, 34), "Q4_K": (256, 144)}  # (elements, bytes)
 
 
 def unpack(raw: np.ndarray, qtype: str, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -35,6 +37,11 @@ def unpack(raw: np.ndarray, qtype: str, rows: int, cols: int) -> tuple[torch.Ten
         d = blocks[:, :2].copy().view(np.float16)  # [blocks, 1]
         if qtype == "Q8_0":
             values, scales, mins = blocks[:, 2:].view(np.int8), d, None
+        elif qtype == "Q5_0":
+            fifth = (blocks[:, 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1  # [blocks, 32]
+            qs = blocks[:, 6:]
+            low = np.concatenate([qs & 15, qs >> 4], axis=1)
+            values, scales, mins = ((low | (fifth.astype(np.uint8) << 4)).astype(np.int16) - 16).astype(np.int8), d, None
         else:
             qs = blocks[:, 4:] if qtype == "Q4_1" else blocks[:, 2:]
             values = np.concatenate([qs & 15, qs >> 4], axis=1)

@@ -4,8 +4,10 @@ quantized): Q4_0, Q4_1, Q4_K and Q8_0 tensors load as their blocks' values, scal
 being dequantized to the model's dtype.
 
 A linear layer is held so when every GGUF tensor that fills it (q, k and v for a fused qkv; gate and up)
-is one of those types with the same bits (4 or 8); any other layer, the embedding and the LM head load
-dequantized as before. The layer's placeholders take the checkpoint's rows exactly as float weights do,
+is one of those types with the same bits (4 or 8); so is an untied LM head (llama.cpp's output.weight),
+and a tied embedding (token_embd.weight) serves as both: the head multiplies through it and the
+embedding's rows are dequantized from it per lookup (QuantRows), one copy as in the file. Any other
+tensor loads dequantized as before. The layer's placeholders take the checkpoint's rows exactly as float weights do,
 through the model's own load_weights (`weight` values, `weight_scale`, `weight_min`), so fused layers and
 transformers' row permutations apply unchanged; after loading each is packed into the kernel's layout.
 Held where the CPU kernel builds and there is one rank (RADIXRT_GGUF_WEIGHTS=dequantize turns it off).
@@ -24,13 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixrt.kernels.quant_weights import QGemm, QuantWeight, load_qgemm, pack
+from radixrt.kernels.quant_weights import GROUP, TILE, QGemm, QuantWeight, load_qgemm, pack
 from radixrt.models.weight_quant import int8_targets
 
 logger = logging.getLogger(__name__)
 
 MODE_ENV = "RADIXRT_GGUF_WEIGHTS"  # "quantized" (the default where it serves) or "dequantize"
-BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q8_0": 8}
+BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q8_0": 8}  # Q5_0's 5-bit values are exact in int8
+TIED = "embed_tokens"  # a tied embedding held: the LM head's weight too
 SUFFIXES = ("weight_scale", "weight_min")  # beside `weight`, what a held layer loads
 
 
@@ -55,6 +58,29 @@ class QuantLinear:
         else:
             y = self.kernel(rows, self.weight)
         return y.view(*x.shape[:-1], self.weight.out_features)
+
+
+class QuantRows:
+    """An embedding's lookup from a held weight (a tied LM head's): ids [T] -> rows [T, K] in dtype, each
+    dequantized from the packed tiles as `dequantize` would (lane id % 16 of tile id // 16)."""
+
+    def __init__(self, weight: QuantWeight, dtype: torch.dtype) -> None:
+        self.weight, self.dtype = weight, dtype
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        w, (tile, lane) = self.weight, (ids // TILE, ids % TILE)
+        N, K, T = w.out_features, w.in_features, ids.numel()
+        if w.bits == 8:
+            values = w.packed.view(torch.int8).view(N // TILE, K // 4, TILE, 4)[tile, :, lane].reshape(T, K)
+        else:  # dword j of a lane: k = 8j + b in byte b's low nibble, 8j + 4 + b in its high
+            b = w.packed.view(N // TILE, K // 8, TILE, 4)[tile, :, lane]
+            values = torch.stack((b & 15, b >> 4), dim=2).reshape(T, K)
+
+        def per_element(t: torch.Tensor) -> torch.Tensor:
+            return t[tile, :, lane].float().repeat_interleave(GROUP, dim=1)
+
+        rows = values.float() * per_element(w.scales)
+        return (rows + per_element(w.mins) if w.mins is not None else rows).to(self.dtype)
 
 
 def choose_dequantize_rows(weight: QuantWeight, kernel: QGemm, dtype: torch.dtype) -> tuple[int | None, str]:
@@ -100,8 +126,9 @@ def resident_layers(model: nn.Module, tensor_types: dict[str, str], device: torc
     for hf_name, qtype in tensor_types.items():
         target, _, _ = model._shard_plan(hf_name.removeprefix("model."))
         bits_of[target.removesuffix(".weight")].add(BITS.get(qtype))
-    layers = {name: next(iter(bits_of[name])) for name, _ in int8_targets(model)
-              if len(bits_of.get(name, ())) == 1 and None not in bits_of[name]}
+    tied = getattr(model.cfg, "tie_word_embeddings", False)
+    names = [name for name, _ in int8_targets(model)] + [TIED if tied else "lm_head"]
+    layers = {name: next(iter(bits_of[name])) for name in names if len(bits_of.get(name, ())) == 1 and None not in bits_of[name]}
     return {name: bits for name, bits in layers.items() if _tiles(model.get_submodule(name))}
 
 
@@ -125,7 +152,8 @@ def hold_placeholders(model: nn.Module, layers: dict[str, int]) -> None:
 
 def pack_layers(model: nn.Module, layers: dict[str, int], dtype: torch.dtype) -> int:
     """Pack each held layer's loaded values into the kernel's layout and multiply through it (the
-    placeholders dropped: `weight` stays an empty [0, in] tensor of the model's dtype). Returns the bytes held."""
+    placeholders dropped: `weight` stays an empty [0, in] tensor of the model's dtype); a tied embedding's
+    becomes the LM head's product and the embedding's lookup. Returns the bytes held."""
     kernel, held, switch = load_qgemm(), 0, {}
     for name in layers:
         module = model.get_submodule(name)
@@ -134,11 +162,15 @@ def pack_layers(model: nn.Module, layers: dict[str, int], dtype: torch.dtype) ->
             switch[weight.bits] = choose_dequantize_rows(weight, kernel, dtype)
             logger.info("GGUF weights, %d-bit: dequantized per call from %s rows (its time against the integer tiles: %s)",
                         weight.bits, switch[weight.bits][0], switch[weight.bits][1])
-        module.quant = QuantLinear(weight, kernel, switch.get(weight.bits, (None, ""))[0])
+        product = QuantLinear(weight, kernel, switch.get(weight.bits, (None, ""))[0])
         for attr in SUFFIXES:
             if hasattr(module, attr):
                 delattr(module, attr)
-        module.weight = nn.Parameter(torch.empty(0, weight.in_features, dtype=dtype), requires_grad=False)
+        for holder in (module, model.lm_head) if name == TIED else (module,):
+            holder.weight = nn.Parameter(torch.empty(0, weight.in_features, dtype=dtype), requires_grad=False)
+        module.quant = QuantRows(weight, dtype) if name == TIED else product
+        if name == TIED:
+            model.lm_head.quant = product
         held += weight.nbytes
     return held
 

@@ -117,8 +117,11 @@ class VocabParallelEmbedding(nn.Module):
         self.tp = tp
         self.start, count = tp.split(vocab, "vocab_size")
         self.weight = nn.Parameter(torch.empty(count, hidden))  # [vocab / tp, hidden]
+        self.quant: Callable | None = None  # rows from a tied LM head held as a GGUF file's blocks (gguf_weights.QuantRows)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:  # held at one rank only
+            return self.quant(ids)
         if self.tp.size == 1:
             return F.embedding(ids, self.weight)
         local = ids - self.start

@@ -13,7 +13,8 @@ from safetensors import safe_open
 from radixrt.models.config import ModelConfig
 from radixrt.models.fp8_checkpoint import dequantize_fp8
 from radixrt.models.gemma import GemmaForCausalLM
-from radixrt.models.gguf_weights import hold_placeholders, pack_layers, resident_layers
+from radixrt.models.gguf_weights import TIED, hold_placeholders, pack_layers, resident_layers
+from radixrt.models.int4_weights import quantize_layers
 from radixrt.models.llama import LlamaForCausalLM
 from radixrt.models.parallel import TPGroup
 from radixrt.models.phi3 import Phi3ForCausalLM
@@ -64,8 +65,11 @@ def load_model(
     model.load_weights(weights)
     if int8 and not scheme.prequantized:
         quantize_linear_weights(model, tp)
-    # the layers held as the GGUF file quantizes them, and their bytes (gguf_weights.py)
-    model.gguf_held = (len(held), pack_layers(model, held, dtype)) if held else None
+    if scheme.name == "int4wo":
+        held = quantize_layers(model, scheme.group, device, tp.size)
+    # the linear layers held in 4- or 8-bit tiles (a GGUF file's blocks, or int4wo), their bytes, and whether
+    # a tied embedding is (gguf_weights.py)
+    model.quant_held = (len(held) - (TIED in held), pack_layers(model, held, dtype), TIED in held) if held else None
     return model.eval()
 
 

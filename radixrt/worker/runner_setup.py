@@ -132,7 +132,7 @@ def load_for_serving(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, dev
 
 @dataclass(frozen=True)
 class QuantChoice:
-    scheme: str  # WeightScheme.name: "none", "w8a8_int8", "int8wo", "fp8" or "gguf" (layers held quantized)
+    scheme: str  # WeightScheme.name: "none", "w8a8_int8", "int8wo", "int4wo", "fp8" or "gguf" (the last two held in tiles)
     reason: str  # where the scheme came from and, for int8, which kernel and why
 
 
@@ -140,14 +140,16 @@ def quantized_kernels(model: torch.nn.Module, scheme: WeightScheme, dtype: torch
                       ranks: Ranks) -> QuantChoice:
     """Give an int8 model's layers the kernel rank 0 measured fastest (every rank multiplies alike); say
     what a GGUF file's layers are held as."""
-    if scheme.name == "gguf":
-        held = getattr(model, "gguf_held", None)
+    if scheme.name in ("gguf", "int4wo"):
+        held = getattr(model, "quant_held", None)
         if held is None:
             return QuantChoice("none", f"{scheme.source}: dequantized to {dtype} at load")
-        reason = (f"{scheme.source}: {held[0]} linear layers held as the file quantizes them ({held[1] / 2**20:.1f} MiB, "
-                  f"int8 activations, kernels/quant_weights.py); the embedding and lm_head dequantized to {dtype}")
+        tied = "the tied embedding and lm_head held too, as one copy" if held[2] else f"the embedding and lm_head in {dtype}"
+        how = "as the file quantizes them" if scheme.name == "gguf" else f"in 4 bits per {scheme.group} inputs"
+        reason = (f"{scheme.source}: {held[0]} linear layers held {how} ({held[1] / 2**20:.1f} MiB in all, "
+                  f"int8 activations, kernels/quant_weights.py); {tied}")
         logger.info("weights: %s", reason)
-        return QuantChoice("gguf", reason)
+        return QuantChoice(scheme.name, reason)
     if not scheme.int8:
         reason = scheme.source if scheme.name == "none" else f"{scheme.source}: dequantized to {dtype} at load"
         return QuantChoice(scheme.name, reason)
