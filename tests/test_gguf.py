@@ -126,6 +126,32 @@ def test_linear_layers_stay_quantized_and_serve_close_to_transformers(smollm2):
     assert file_bytes <= float(layers[2]) * 2**20 <= 1.15 * file_bytes
 
 
+def test_the_header_reads_q5_tensors_and_q5_0_is_held_as_int8(tmp_path):
+    """Q5_0 and Q5_1 (llama.cpp's Q4_K_M falls back to them on 576-wide rows) are missing from transformers'
+    table of block sizes; the header reads them with the gguf package's, and a Q5_0 tensor's blocks unpack to
+    int8 values holding exactly what gguf dequantizes."""
+    from radixrt.kernels.quant_weights import dequantize, pack
+    from radixrt.models.gguf_blocks import unpack
+    from radixrt.models.gguf_checkpoint import _header_reader
+
+    values = np.random.default_rng(5).standard_normal((16, 64)).astype(np.float32)
+    w = gguf.GGUFWriter(str(tmp_path / "q5.gguf"), "llama")
+    for qtype in ("Q5_0", "Q5_1"):
+        kind = gguf.GGMLQuantizationType[qtype]
+        w.add_tensor(f"{qtype}.weight", gguf.quantize(values, kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    header = _header_reader().from_file(str(tmp_path / "q5.gguf"))
+    assert [(t.name, t.nbytes) for t in header.tensors] == [("Q5_0.weight", 16 * 2 * 22), ("Q5_1.weight", 16 * 2 * 24)]
+    raw = np.memmap(tmp_path / "q5.gguf", mode="r", dtype=np.uint8)[header.data_start + header.tensors[0].offset:][: 16 * 44]
+    held = unpack(raw, "Q5_0", 16, 64)
+    assert held[0].dtype == torch.int8 and held[2] is None
+    want = gguf.dequantize(gguf.quantize(values, gguf.GGMLQuantizationType.Q5_0), gguf.GGMLQuantizationType.Q5_0)
+    assert torch.equal(dequantize(pack(*held)), torch.from_numpy(want))
+
+
 def test_an_unsupported_architecture_is_refused_by_name(tmp_path):
     for name in ("mamba.gguf", "mamba.bin"):  # by suffix, and by the magic bytes alone
         file = write_gguf(tmp_path / name, "mamba", context_length=16, embedding_length=8)

@@ -88,14 +88,22 @@ def iter_gguf(model_dir: Path, keep: frozenset[str] = frozenset()) -> Iterator[t
 
 
 def _header_reader() -> Any:
-    """transformers' GGUF header reader; an older transformers lacks it: say so, by name."""
+    """transformers' GGUF header reader; an older transformers lacks it: say so, by name. Its table of block
+    sizes lacks types the gguf package dequantizes (Q5_0 and Q5_1: what llama.cpp's K-quant mixes fall back
+    to on rows not a multiple of 256, as SmolLM2's 576); the header only needs their sizes, so the gguf
+    package's are added for the types it lacks (the tensors themselves are dequantized by gguf here)."""
+    import gguf
+
     try:
         from transformers.integrations.gguf import GgufHeader
+        from transformers.integrations.gguf.dequant import GGML_BLOCK
     except ImportError:
         import transformers
 
         raise ValueError(f"GGUF checkpoints need transformers.integrations.gguf.GgufHeader, which transformers "
                          f"{transformers.__version__} lacks: upgrade transformers") from None
+    for qtype in (gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q5_1):
+        GGML_BLOCK.setdefault(int(qtype), gguf.GGML_QUANT_SIZES[qtype])
     return GgufHeader
 
 
