@@ -4,7 +4,9 @@ The fixed item set (bench/data/quant_quality_set.json, built by `--build-set` fr
 candidates: those the bf16 model answers right, greedy) runs through the real engine for every combination of
 
   weights  bf16 (the bf16 checkpoint as it is), w8a8_int8 (quantization="w8a8_int8"),
-           int8wo (torchao_config="int8wo"), gguf (the Q4_1 .gguf file itself, dtype bfloat16)
+           int8wo (torchao_config="int8wo"), int4wo-32 / int4wo-128 (torchao_config), gguf (the Q4_1 .gguf file
+           itself, dtype bfloat16, its layers held quantized), gguf-Q4_0 / -Q8_0 / -Q4_K_M (the files
+           scripts/make_gguf_variants.py writes beside it; unavailable where not made)
   KV       auto, int8, fp8_e4m3, fp8_e5m2, int4 (rotated keys), int4-unrotated (kv_cache_rotation off),
            int8:int4 (int8 keys, int4 values) (kv_cache_dtype; the start-up check keeps its default threshold)
 
@@ -45,7 +47,7 @@ from common import RESULTS, ROOT, write_result  # puts scripts/ on sys.path
 from make_smollm2 import ensure_smollm2  # scripts/, on sys.path once common is imported
 
 SET_PATH = ROOT / "bench" / "data" / "quant_quality_set.json"
-WEIGHTS = ("bf16", "w8a8_int8", "int8wo", "gguf")
+WEIGHTS = ("bf16", "w8a8_int8", "int8wo", "int4wo-32", "int4wo-128", "gguf", "gguf-Q4_0", "gguf-Q8_0", "gguf-Q4_K_M")
 KV_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "int4-unrotated", "int8:int4")
 # KV columns that are not a kv_cache_dtype alone: their engine arguments
 KV_ARGS = {"int4-unrotated": {"kv_cache_dtype": "int4", "kv_cache_rotation": "off"}}
@@ -70,7 +72,11 @@ class Combo:
         weights = {"bf16": {"model_path": str(model.hf_dir)},
                    "w8a8_int8": {"model_path": str(model.hf_dir), "quantization": "w8a8_int8"},
                    "int8wo": {"model_path": str(model.hf_dir), "torchao_config": "int8wo"},
-                   "gguf": {"model_path": str(model.gguf), "dtype": "bfloat16"}}[self.weights]
+                   "gguf": {"model_path": str(model.gguf), "dtype": "bfloat16"}}
+        weights |= {f"int4wo-{g}": {"model_path": str(model.hf_dir), "torchao_config": f"int4wo-{g}"} for g in (32, 128)}
+        weights |= {f"gguf-{t}": {"model_path": str(model.gguf.parent / "variants" / f"{t}.gguf"), "dtype": "bfloat16"}
+                    for t in ("Q4_0", "Q8_0", "Q4_K_M")}
+        weights = weights[self.weights]
         return {**BASE_ARGS, **extra, **weights, **KV_ARGS.get(self.kv, {"kv_cache_dtype": self.kv})}
 
 
