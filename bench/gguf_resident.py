@@ -30,10 +30,11 @@ def resident(path: Path) -> dict:
     model = load_model(sidecar, ModelConfig.from_dir(sidecar), torch.bfloat16, torch.device("cpu"),
                        scheme=WeightScheme("gguf", "bench", prequantized=True))
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    layers, held, tied = model.quant_held or (0, 0, False)
+    layers, held, tied, formats = model.quant_held or (0, 0, False, {})
     file_bytes = sum(types.values())
     return {"file_tensor_bytes": file_bytes, "types_mib": {k: round(v / 2**20, 1) for k, v in types.items()},
             "resident_bytes": params + held, "held_layers": layers, "held_bytes": held, "tied_embedding_held": tied,
+            "held_formats": formats,
             "ratio": (params + held) / file_bytes}
 
 
@@ -46,7 +47,7 @@ def main() -> None:
     for path in a.files:
         out[path.name] = r = resident(path)
         print(f"{path.name:14} file {r['file_tensor_bytes'] / 2**20:6.1f} MiB  resident {r['resident_bytes'] / 2**20:6.1f} MiB "
-              f"({r['ratio']:.2f}x; {r['held_layers']} layers held{', tied embedding held' if r['tied_embedding_held'] else ''})  "
+              f"({r['ratio']:.2f}x; {r['held_layers']} layers held {r['held_formats']}{', tied embedding held' if r['tied_embedding_held'] else ''})  "
               f"{r['types_mib']}", flush=True)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)

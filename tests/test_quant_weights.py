@@ -10,39 +10,56 @@ import torch
 
 from radixrt.kernels.native_build import ISA_BY_NAME, runnable_isas
 from radixrt.kernels.quant_weights import dequantize, pack, reference
-from radixrt.models.gguf_blocks import BLOCK_BYTES, unpack
+from radixrt.models.gguf_blocks import BLOCK_BYTES, FITS, layer_format, unpack
 from support.kernels import require_native
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (a dependency) is missing")
-QTYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K"]
+QTYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"]
+K_QUANTS = {"Q4_K": slice(0, 4), "Q6_K": slice(208, 210)}  # where a block's float16 scales lie
 
 
 def gguf_tensor(qtype: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """A tensor's raw bytes as a GGUF file holds them: quantized by gguf where it can, else (Q4_K) random
-    blocks with finite float16 d and dmin (any bytes are a valid Q4_K block otherwise)."""
+    """A tensor's raw bytes as a GGUF file holds them: quantized by gguf where it can, else (the K-quants)
+    random blocks with finite float16 scales (any bytes are a valid block otherwise)."""
     rng = np.random.default_rng(seed)
     kind = gguf.GGMLQuantizationType[qtype]
-    if qtype != "Q4_K":
+    if qtype not in K_QUANTS:
         return gguf.quantize(rng.standard_normal((rows, cols)).astype(np.float32), kind)
     per, size = BLOCK_BYTES[qtype]
     blocks = rng.integers(0, 256, (rows * cols // per, size), dtype=np.uint8)
-    blocks[:, 0:4] = rng.uniform(1e-3, 1e-2, (len(blocks), 2)).astype(np.float16).view(np.uint8)
+    at = K_QUANTS[qtype]
+    blocks[:, at] = rng.uniform(1e-3, 1e-2, (len(blocks), (at.stop - at.start) // 2)).astype(np.float16).view(np.uint8)
     return blocks.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("qtype", QTYPES)
-def test_gguf_blocks_unpack_to_the_weights_gguf_dequantizes(qtype):
+HELD = [(qtype, fmt) for qtype in QTYPES for fmt in FITS[qtype]]  # each type in each format it fits
+
+
+@pytest.mark.parametrize("qtype,fmt", HELD)
+def test_gguf_blocks_unpack_to_the_weights_gguf_dequantizes(qtype, fmt):
+    """In its own format and in every wider one a fused layer may hold it in (Q5_0 beside Q8_0 as int8)."""
     rows, cols = 48, 512
     raw = gguf_tensor(qtype, rows, cols)
     want = torch.from_numpy(gguf.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(rows, cols))
-    held = dequantize(pack(*unpack(raw, qtype, rows, cols)))
+    w = pack(*unpack(raw, qtype, rows, cols, fmt))
+    held = dequantize(w)
+    assert w.format.name == fmt and w.nbytes == rows * cols * {"q4": 0.625, "q5": 0.75, "q8": 1.0625, "q8_16": 1.125}[fmt]
     if qtype == "Q4_K":  # scale and min rounded to float16: a relative 2^-11 of each at most
         torch.testing.assert_close(held, want, atol=16 * 2e-2 * 2**-11 * 64, rtol=0)
+    elif qtype == "Q6_K":  # d sc rounded to float16 (|sc| <= 128, |n - 32| <= 32)
+        torch.testing.assert_close(held, want, atol=1e-2 * 128 * 32 * 2**-11, rtol=0)
     else:
         assert torch.equal(held, want)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_a_type_is_held_only_in_the_formats_it_fits_exactly():
+    assert [layer_format(set(t)) for t in (["Q4_0"], ["Q5_0", "Q8_0"], ["Q4_1", "Q5_0"], ["Q6_K", "Q8_0"], ["Q4_1", "Q8_0"], ["F16"])] == \
+        ["q4", "q8", "q5", "q8_16", None, None]
+    with pytest.raises(ValueError, match="Q4_1 is not held quantized as q8"):
+        unpack(gguf_tensor("Q4_1", 16, 32), "Q4_1", 16, 32, "q8")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0", "Q8_0", "Q6_K"])
 def test_an_embedding_held_in_the_tiles_looks_up_the_rows_they_hold(qtype):
     """A tied embedding held as the LM head's packed weight gives each id's row as `dequantize` holds it,
     rounded to the model's dtype once (as the embedding dequantized at load was)."""
@@ -83,24 +100,27 @@ def test_packing_refuses_shapes_the_kernel_cannot_tile():
 
 
 @pytest.mark.parametrize("isa", [isa.name for isa in runnable_isas() if isa.name != "brgemm"])
-@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("qtype,fmt", HELD)
 @pytest.mark.parametrize("rows", [1, 5, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_every_variant_equals_the_float64_reference(isa, qtype, rows, dtype):
+def test_every_variant_equals_the_float64_reference(isa, qtype, fmt, rows, dtype):
     """y = x W^T over the held weights: activations quantized to int8 per 32 as the kernel does, products
-    summed exactly, scaled in float32: to float32's rounding of the reference."""
+    summed exactly, scaled in float32: to float32's rounding of the reference; a bf16 output is that float32
+    product rounded to nearest even."""
     from radixrt.kernels.quant_weights import build_qgemm
 
     require_native()
     n, k = 96, 512
-    w = pack(*unpack(gguf_tensor(qtype, n, k, seed=rows), qtype, n, k))
+    w = pack(*unpack(gguf_tensor(qtype, n, k, seed=rows), qtype, n, k, fmt))
     x = (torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 3).to(dtype)
-    got = build_qgemm(ISA_BY_NAME[isa])(x, w)
+    kernel = build_qgemm(ISA_BY_NAME[isa])
+    got = kernel(x, w)
     want = reference(x, w)
     torch.testing.assert_close(got.double(), want, atol=1e-4 * want.abs().max().item(), rtol=1e-5)
+    assert torch.equal(kernel(x, w, torch.bfloat16), got.bfloat16())
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0", "Q8_0", "Q6_K"])
 def test_from_the_chosen_rows_a_layer_goes_through_its_weight_dequantized(qtype):
     """From its dequantize_rows a held layer multiplies through its weight dequantized for the call: the
     compiled dequantizer gives `dequantize`'s values exactly (float32; bf16 rounded to nearest even), and

@@ -1,14 +1,16 @@
-"""Linear weights held quantized in groups of 32 along the input (what llama.cpp's Q4_0, Q4_1, Q4_K and Q8_0
-tensors hold), and y = x W^T computed over them as they are (csrc/qgemm.c).
+"""Linear weights held quantized in groups of 32 along the input (what llama.cpp's Q4_0, Q4_1, Q4_K, Q5_0, Q5_1,
+Q6_K and Q8_0 tensors hold), and y = x W^T computed over them as they are (csrc/qgemm.c).
 
-A QuantWeight is one [N, K] weight: 4-bit values w in 0..15 with a float16 scale d and min mn per group
-(element = d w + mn; Q4_0's mn is -8 d, Q4_1's its min, Q4_K's sub-block scale and min folded into float16),
-or 8-bit values in -127..127 with a float16 scale (element = d w). `pack` lays them out for the kernel
-(outputs in tiles of 16, four elements of K per 32-bit lane: see qgemm.c); the layout does not depend on
-the CPU, so a weight packs once at load. Bytes held per element: 4-bit 0.625, 8-bit 1.0625 (Q4_0's file
-holds 0.5625, Q4_1's 0.625, Q4_K's 0.5625, Q8_0's 1.0625).
+A QuantWeight is one [N, K] weight in one of FORMATS: 4-bit values w in 0..15 or 5-bit in 0..31 with a float16
+scale d and min mn per group (element = d w + mn; Q4_0's mn is -8 d, Q5_0's -16 d, Q4_1's and Q5_1's their min,
+Q4_K's sub-block scale and min folded into float16), or 8-bit values in -127..127 with a float16 scale per 32
+(Q8_0) or per 16 (Q6_K, its sub-block scales folded into float16) (element = d w). `pack` lays them out for
+the kernel (outputs in tiles of 16, four elements of K per 32-bit lane, a 5-bit weight's fifth bits in a plane
+after each group's nibbles: see qgemm.c); the layout does not depend on the CPU, so a weight packs once at load.
+Bytes held per element: q4 0.625, q5 0.75, q8 1.0625, q8_16 1.125 (the files: Q4_0 0.5625, Q4_1 0.625, Q4_K
+0.5625, Q5_0 0.6875, Q5_1 0.75, Q6_K 0.8203, Q8_0 1.0625).
 
-The kernel quantizes each activation row to int8 per group (its largest |x| / 127), sums each group's
+The kernel quantizes each activation row to int8 per group (its largest |x| / 127), sums each scale block's
 products as integers (VNNI where the CPU has it), then scales them: `reference` is that arithmetic in
 float64, which tests hold every variant to. Built per ISA by native_build.py; `load_qgemm` gives None,
 logged with the reason, where it cannot be built.
@@ -31,61 +33,98 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "qgemm.c"
 GROUP, TILE = 32, 16
 KINDS = {torch.float32: 0, torch.bfloat16: 1}
-ERRORS = {1: "unknown activation dtype or bits", 2: "K not a multiple of 32 or N of 16", 3: "out of memory"}
+ERRORS = {1: "unknown activation dtype, bits or scale group", 2: "K not a multiple of 32 or N of 16", 3: "out of memory"}
+
+
+@dataclass(frozen=True)
+class Format:
+    """How a weight's values and scales are held."""
+
+    name: str
+    bits: int  # 4, 5 (unsigned, with a min per group) or 8 (int8, no min)
+    sub: int  # elements per scale: 32, or 16 (8 bits only)
+
+    @property
+    def has_min(self) -> bool:
+        return self.bits != 8
+
+
+FORMATS = {f.name: f for f in (Format("q4", 4, 32), Format("q5", 5, 32), Format("q8", 8, 32), Format("q8_16", 8, 16))}
 
 
 @dataclass(frozen=True)
 class QuantWeight:
     """An [N, K] weight as qgemm.c reads it (built by `pack`)."""
 
-    bits: int  # 4 or 8
+    format: Format
     out_features: int  # N
     in_features: int  # K
     packed: torch.Tensor  # uint8, N * K * bits / 8 bytes in the kernel's tile order
-    scales: torch.Tensor  # float16 [N / 16, K / 32, 16]
-    mins: torch.Tensor | None  # float16 like scales (4-bit), or None (8-bit)
+    scales: torch.Tensor  # float16 [N / 16, K / sub, 16]
+    mins: torch.Tensor | None  # float16 [N / 16, K / 32, 16] (4- and 5-bit), or None (8-bit)
+
+    @property
+    def bits(self) -> int:
+        return self.format.bits
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.mins) if t is not None)
 
 
-def pack(values: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None = None) -> QuantWeight:
-    """values [N, K]: uint8 0..15 (4-bit; then mins is given) or int8 -127..127 (8-bit); scales, mins
-    [N, K / 32] (float16, or anything that rounds to it) -> the QuantWeight qgemm.c reads."""
+def pack(values: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None = None, fmt: Format | None = None) -> QuantWeight:
+    """values [N, K]: uint8 0..15 or 0..31 (then mins is given) or int8 -127..127; scales [N, K / fmt.sub], mins
+    [N, K / 32] (float16, or anything that rounds to it) -> the QuantWeight qgemm.c reads. fmt defaults to q8 for
+    int8 values, else q4."""
+    fmt = fmt or FORMATS["q8" if values.dtype == torch.int8 else "q4"]
     N, K = values.shape
     if K % GROUP or N % TILE:
         raise ValueError(f"a quantized weight needs in_features a multiple of {GROUP} and out_features of {TILE}; got [{N}, {K}]")
-    bits = 4 if mins is not None else 8
-    v = values.view(N // TILE, TILE, K)
-    if bits == 4:  # lane n's dword j: k = 8j + b in byte b's low nibble, 8j + 4 + b in its high
-        v = v.view(N // TILE, TILE, K // 8, 2, 4).to(torch.uint8)
-        v = v[..., 0, :] | (v[..., 1, :] << 4)  # [tiles, 16, K / 8, 4]
-    else:  # lane n's dword j: k = 4j + b in byte b
-        v = v.view(torch.uint8).view(N // TILE, TILE, K // 4, 4)
-    packed = v.transpose(1, 2).contiguous().view(-1)  # [tiles, dwords, 16, 4]
+    if (mins is not None) != fmt.has_min:
+        raise ValueError(f"format {fmt.name} {'needs' if fmt.has_min else 'takes no'} mins")
+    T, G = N // TILE, K // GROUP
+    if fmt.bits == 8:  # lane n's dword j: k = 4j + b in byte b
+        v = values.view(torch.uint8).view(T, TILE, K // 4, 4)
+        packed = v.transpose(1, 2).reshape(T, G, -1)
+    else:  # lane n's dword j: k = 8j + b in byte b's low nibble, 8j + 4 + b in its high
+        v = values.to(torch.uint8).view(T, TILE, K // 8, 2, 4)
+        nibbles = ((v[..., 0, :] & 15) | ((v[..., 1, :] & 15) << 4)).transpose(1, 2).reshape(T, G, -1)  # [T, G, 256]
+        packed = nibbles
+        if fmt.bits == 5:  # bit j of lane n's byte b: the fifth bit of k = 4j + b
+            fifth = ((values.to(torch.uint8) >> 4) & 1).view(T, TILE, G, 8, 4).to(torch.int32)
+            plane = (fifth << torch.arange(8, dtype=torch.int32).view(8, 1)).sum(3).to(torch.uint8)  # [T, 16, G, 4]
+            packed = torch.cat((nibbles, plane.transpose(1, 2).reshape(T, G, -1)), dim=2)
 
     def tiled(t: torch.Tensor) -> torch.Tensor:
-        return t.to(torch.float16).view(N // TILE, TILE, K // GROUP).transpose(1, 2).contiguous()
+        return t.to(torch.float16).view(T, TILE, -1).transpose(1, 2).contiguous()
 
-    return QuantWeight(bits, N, K, packed, tiled(scales), tiled(mins) if mins is not None else None)
+    return QuantWeight(fmt, N, K, packed.contiguous().view(-1), tiled(scales), tiled(mins) if mins is not None else None)
+
+
+def held_rows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ids of the weight w holds, [len(ids), K] float32 (each element d w + mn, or d w)."""
+    N, K, G = w.out_features, w.in_features, w.in_features // GROUP
+    tile, lane, T = ids // TILE, ids % TILE, N // TILE
+    groups = w.packed.view(T, G, -1)  # [tiles, G, the group's bytes]
+    if w.bits == 8:
+        values = groups.view(torch.int8).view(T, G, 8, TILE, 4)[tile, :, :, lane].float()  # [ids, G, 8, 4]: k = 4j + b
+    else:
+        nib = groups[..., :256].reshape(T, G, 4, TILE, 4)[tile, :, :, lane]  # [ids, G, 4, 4]
+        values = torch.stack((nib & 15, nib >> 4), dim=3).view(-1, G, 8, 4).float()  # k = 8j + 4h + b
+        if w.bits == 5:
+            plane = groups[..., 256:].reshape(T, G, TILE, 4)[tile, :, lane]  # [ids, G, 4]
+            values += ((plane.unsqueeze(2).int() >> torch.arange(8).view(8, 1)) & 1).float() * 16
+
+    def per_element(t: torch.Tensor) -> torch.Tensor:
+        return t[tile, :, lane].float().repeat_interleave(K // t.shape[1], dim=1)
+
+    out = values.reshape(-1, K) * per_element(w.scales)
+    return out + per_element(w.mins) if w.mins is not None else out
 
 
 def dequantize(w: QuantWeight) -> torch.Tensor:
     """The [N, K] float32 weight w holds (each element d w + mn, or d w)."""
-    N, K = w.out_features, w.in_features
-    if w.bits == 4:
-        b = w.packed.view(N // TILE, K // 8, TILE, 4)
-        v = torch.stack((b & 15, b >> 4), dim=3).float()  # [tiles, K / 8, 16, 2, 4]: k = 8j + 4h + byte
-        v = v.permute(0, 2, 1, 3, 4).reshape(N, K)
-    else:
-        v = w.packed.view(torch.int8).view(N // TILE, K // 4, TILE, 4).permute(0, 2, 1, 3).reshape(N, K).float()
-
-    def per_element(t: torch.Tensor) -> torch.Tensor:
-        return t.float().transpose(1, 2).reshape(N, K // GROUP).repeat_interleave(GROUP, dim=1)
-
-    out = v * per_element(w.scales)
-    return out + per_element(w.mins) if w.mins is not None else out
+    return held_rows(w, torch.arange(w.out_features))
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
@@ -110,30 +149,33 @@ class QGemm:
         so = ctypes.CDLL(str(lib))
         self._fn, self._dequantize = (getattr(so, f"radixrt_{name}_{isa.name}") for name in ("qgemm", "qdequantize"))
         p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-        self._fn.restype, self._fn.argtypes = ctypes.c_int, [p, i, i64, i64, i64, p, i, p, p, p, i]
-        self._dequantize.restype, self._dequantize.argtypes = ctypes.c_int, [p, i, p, p, i64, i64, p, i, i]
+        self._fn.restype, self._fn.argtypes = ctypes.c_int, [p, i, i64, i64, i64, p, i, i, p, p, p, i, i]
+        self._dequantize.restype, self._dequantize.argtypes = ctypes.c_int, [p, i, i, p, p, i64, i64, p, i, i]
 
     def dequantize(self, w: QuantWeight, dtype: torch.dtype) -> torch.Tensor:
         """The [N, K] weight w holds, in dtype (float32, or bf16 rounded to nearest even): `dequantize`'s values."""
         out = torch.empty(w.out_features, w.in_features, dtype=dtype)
-        err = self._dequantize(w.packed.data_ptr(), w.bits, w.scales.data_ptr(), w.mins.data_ptr() if w.mins is not None else None,
+        err = self._dequantize(w.packed.data_ptr(), w.bits, w.format.sub, w.scales.data_ptr(), _ptr(w.mins),
                                w.in_features, w.out_features, out.data_ptr(), KINDS[dtype], torch.get_num_threads())
         if err:
             raise RuntimeError(f"quantized weight dequantize ({self.isa.name}) failed: {ERRORS.get(err, err)}")
         return out
 
-    def __call__(self, x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
-        """x [M, K] float32 or bf16 -> x W^T [M, N] float32."""
+    def __call__(self, x: torch.Tensor, w: QuantWeight, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """x [M, K] float32 or bf16 -> x W^T [M, N] in out_dtype (float32 or bf16, rounded to nearest even)."""
         x = x.contiguous()
         M, K = x.shape
         assert K == w.in_features and x.dtype in KINDS and x.is_cpu
-        out = torch.empty(M, w.out_features, dtype=torch.float32)
-        err = self._fn(x.data_ptr(), KINDS[x.dtype], M, K, w.out_features, w.packed.data_ptr(), w.bits,
-                       w.scales.data_ptr(), w.mins.data_ptr() if w.mins is not None else None, out.data_ptr(),
-                       torch.get_num_threads())
+        out = torch.empty(M, w.out_features, dtype=out_dtype)
+        err = self._fn(x.data_ptr(), KINDS[x.dtype], M, K, w.out_features, w.packed.data_ptr(), w.bits, w.format.sub,
+                       w.scales.data_ptr(), _ptr(w.mins), out.data_ptr(), KINDS[out_dtype], torch.get_num_threads())
         if err:
             raise RuntimeError(f"quantized GEMM ({self.isa.name}) failed: {ERRORS.get(err, err)}")
         return out
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
 
 
 @functools.cache

@@ -40,12 +40,12 @@ from radixrt.utils.gguf_sidecar import GgufSource, gguf_source
 logger = logging.getLogger(__name__)
 
 
-def iter_gguf(model_dir: Path, keep: frozenset[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_gguf(model_dir: Path, keep: dict[str, str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights of the GGUF file the sidecar model_dir names: (Hugging Face name, float32 CPU
     tensor), one tensor dequantized at a time (the Qwen-MoE gate and up experts of a layer held
-    until both are read). A tensor whose Hugging Face name is in `keep` comes as its blocks instead
-    (gguf_blocks.unpack): `name` its values, `name_scale` and (4 bits) `name_min` its group scales and
-    mins, each through the same tensor processor (a row permutation). Raises ValueError when the
+    until both are read). A tensor whose Hugging Face name is in `keep` comes as its blocks instead, in
+    the format keep names (gguf_blocks.unpack): `name` its values, `name_scale` and (4 and 5 bits)
+    `name_min` its scales and mins, each through the same tensor processor (a row permutation). Raises ValueError when the
     file changed since the sidecar was built."""
     import gguf
 
@@ -65,8 +65,9 @@ def iter_gguf(model_dir: Path, keep: frozenset[str] = frozenset()) -> Iterator[t
         qtype = gguf.GGMLQuantizationType(info.ggml_type)
         start = header.data_start + info.offset
         raw = blob[start : start + info.nbytes].reshape(gguf.quant_shape_to_byte_shape(info.shape, qtype))
-        if names.get(info.name) in keep:
-            for suffix, part in zip(("", "_scale", "_min"), unpack(raw, qtype.name, *info.shape)):
+        if names.get(info.name) in (keep or {}):
+            parts = unpack(raw, qtype.name, *info.shape, keep[names[info.name]])[:3]
+            for suffix, part in zip(("", "_scale", "_min"), parts):
                 if part is not None:
                     held = process_tensor(weights=part.numpy(), name=info.name, tensor_key_mapping=names, parsed_parameters=parsed)
                     yield names[held.name] + suffix, torch.from_numpy(np.ascontiguousarray(held.weights))

@@ -1,10 +1,11 @@
 """A GGUF file's linear weights held as the file quantizes them, on the CPU (issue: GGUF weights that stay
-quantized): Q4_0, Q4_1, Q4_K and Q8_0 tensors load as their blocks' values, scales and mins
-(gguf_blocks.py) and multiply through the compiled quantized GEMM (kernels/quant_weights.py) instead of
-being dequantized to the model's dtype.
+quantized): Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K and Q8_0 tensors load as their blocks' values, scales and
+mins (gguf_blocks.py) and multiply through the compiled quantized GEMM (kernels/quant_weights.py) instead
+of being dequantized to the model's dtype.
 
 A linear layer is held so when every GGUF tensor that fills it (q, k and v for a fused qkv; gate and up)
-is one of those types with the same bits (4 or 8); so is an untied LM head (llama.cpp's output.weight),
+is one of those types, in the smallest format all of them fit exactly (gguf_blocks.layer_format: Q5_0 q
+and k beside a Q8_0 v make an int8 qkv); so is an untied LM head (llama.cpp's output.weight),
 and a tied embedding (token_embd.weight) serves as both: the head multiplies through it and the
 embedding's rows are dequantized from it per lookup (QuantRows), one copy as in the file. Any other
 tensor loads dequantized as before. The layer's placeholders take the checkpoint's rows exactly as float weights do,
@@ -26,13 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixrt.kernels.quant_weights import GROUP, TILE, QGemm, QuantWeight, load_qgemm, pack
+from radixrt.kernels.quant_weights import FORMATS, QGemm, QuantWeight, held_rows, load_qgemm, pack
+from radixrt.models.gguf_blocks import layer_format
 from radixrt.models.weight_quant import int8_targets
 
 logger = logging.getLogger(__name__)
 
 MODE_ENV = "RADIXRT_GGUF_WEIGHTS"  # "quantized" (the default where it serves) or "dequantize"
-BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q8_0": 8}  # Q5_0's 5-bit values are exact in int8
 TIED = "embed_tokens"  # a tied embedding held: the LM head's weight too
 SUFFIXES = ("weight_scale", "weight_min")  # beside `weight`, what a held layer loads
 
@@ -42,8 +43,8 @@ PROBE_ROUNDS = 5
 
 
 class QuantLinear:
-    """A layer's product through its held weight: x [.., K] -> x W^T [.., N] (float32, or x's dtype
-    where many rows go through the dequantized weight)."""
+    """A layer's product through its held weight: x [.., K] -> x W^T [.., N] in x's dtype (float32 for any
+    dtype but float32 and bf16)."""
 
     def __init__(self, weight: QuantWeight, kernel: QGemm, dequantize_rows: int | None = None) -> None:
         """dequantize_rows: from this many rows the weight is dequantized for the call and multiplied by the
@@ -52,35 +53,23 @@ class QuantLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.weight.in_features)
-        many = self.dequantize_rows is not None and rows.shape[0] >= self.dequantize_rows
-        if many and x.dtype in (torch.float32, torch.bfloat16):
-            y = F.linear(rows, self.kernel.dequantize(self.weight, x.dtype))
+        dtype = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        if self.dequantize_rows is not None and rows.shape[0] >= self.dequantize_rows and dtype == x.dtype:
+            y = F.linear(rows, self.kernel.dequantize(self.weight, dtype))
         else:
-            y = self.kernel(rows, self.weight)
+            y = self.kernel(rows, self.weight, dtype)
         return y.view(*x.shape[:-1], self.weight.out_features)
 
 
 class QuantRows:
     """An embedding's lookup from a held weight (a tied LM head's): ids [T] -> rows [T, K] in dtype, each
-    dequantized from the packed tiles as `dequantize` would (lane id % 16 of tile id // 16)."""
+    dequantized from the packed tiles as `dequantize` would."""
 
     def __init__(self, weight: QuantWeight, dtype: torch.dtype) -> None:
         self.weight, self.dtype = weight, dtype
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        w, (tile, lane) = self.weight, (ids // TILE, ids % TILE)
-        N, K, T = w.out_features, w.in_features, ids.numel()
-        if w.bits == 8:
-            values = w.packed.view(torch.int8).view(N // TILE, K // 4, TILE, 4)[tile, :, lane].reshape(T, K)
-        else:  # dword j of a lane: k = 8j + b in byte b's low nibble, 8j + 4 + b in its high
-            b = w.packed.view(N // TILE, K // 8, TILE, 4)[tile, :, lane]
-            values = torch.stack((b & 15, b >> 4), dim=2).reshape(T, K)
-
-        def per_element(t: torch.Tensor) -> torch.Tensor:
-            return t[tile, :, lane].float().repeat_interleave(GROUP, dim=1)
-
-        rows = values.float() * per_element(w.scales)
-        return (rows + per_element(w.mins) if w.mins is not None else rows).to(self.dtype)
+        return held_rows(self.weight, ids.reshape(-1)).to(self.dtype)
 
 
 def choose_dequantize_rows(weight: QuantWeight, kernel: QGemm, dtype: torch.dtype) -> tuple[int | None, str]:
@@ -109,8 +98,8 @@ def _median_s(fn) -> float:
     return statistics.median(times)
 
 
-def resident_layers(model: nn.Module, tensor_types: dict[str, str], device: torch.device, tp_size: int) -> dict[str, int]:
-    """The linear layers to hold quantized (module name -> bits), from the GGUF tensors' types by the
+def resident_layers(model: nn.Module, tensor_types: dict[str, str], device: torch.device, tp_size: int) -> dict[str, str]:
+    """The linear layers to hold quantized (module name -> format name), from the GGUF tensors' types by the
     Hugging Face parameter they fill; {} (logged) where none can be."""
     mode = os.environ.get(MODE_ENV, "quantized").strip().lower()
     if mode not in ("quantized", "dequantize"):
@@ -122,14 +111,14 @@ def resident_layers(model: nn.Module, tensor_types: dict[str, str], device: torc
     if why:
         logger.info("GGUF weights: dequantized to the model's dtype at load (%s)", why)
         return {}
-    bits_of: dict[str, set[int | None]] = defaultdict(set)
+    types_of: dict[str, set[str]] = defaultdict(set)
     for hf_name, qtype in tensor_types.items():
         target, _, _ = model._shard_plan(hf_name.removeprefix("model."))
-        bits_of[target.removesuffix(".weight")].add(BITS.get(qtype))
+        types_of[target.removesuffix(".weight")].add(qtype)
     tied = getattr(model.cfg, "tie_word_embeddings", False)
     names = [name for name, _ in int8_targets(model)] + [TIED if tied else "lm_head"]
-    layers = {name: next(iter(bits_of[name])) for name in names if len(bits_of.get(name, ())) == 1 and None not in bits_of[name]}
-    return {name: bits for name, bits in layers.items() if _tiles(model.get_submodule(name))}
+    layers = {name: layer_format(types_of.get(name, set())) for name in names}
+    return {name: fmt for name, fmt in layers.items() if fmt is not None and _tiles(model.get_submodule(name))}
 
 
 def _tiles(module: nn.Module) -> bool:
@@ -138,31 +127,32 @@ def _tiles(module: nn.Module) -> bool:
     return out % 16 == 0 and inp % 32 == 0
 
 
-def hold_placeholders(model: nn.Module, layers: dict[str, int]) -> None:
-    """Give each held layer a `weight` of its values (uint8 0..15, or int8), float16 `weight_scale` and, for
-    4 bits, `weight_min`, [out, in / 32], for the checkpoint's rows to load into."""
-    for name, bits in layers.items():
-        module = model.get_submodule(name)
+def hold_placeholders(model: nn.Module, layers: dict[str, str]) -> None:
+    """Give each held layer a `weight` of its values (uint8 for 4 and 5 bits, int8 for 8), float16
+    `weight_scale` [out, in / sub] and, for 4 and 5 bits, `weight_min` [out, in / 32], for the checkpoint's
+    rows to load into."""
+    for name, fmt_name in layers.items():
+        module, fmt = model.get_submodule(name), FORMATS[fmt_name]
         out, inp = module.weight.shape
-        module.weight = nn.Parameter(torch.empty(out, inp, dtype=torch.uint8 if bits == 4 else torch.int8), requires_grad=False)
-        module.weight_scale = nn.Parameter(torch.empty(out, inp // 32, dtype=torch.float16), requires_grad=False)
-        if bits == 4:
+        module.weight = nn.Parameter(torch.empty(out, inp, dtype=torch.int8 if fmt.bits == 8 else torch.uint8), requires_grad=False)
+        module.weight_scale = nn.Parameter(torch.empty(out, inp // fmt.sub, dtype=torch.float16), requires_grad=False)
+        if fmt.has_min:
             module.weight_min = nn.Parameter(torch.empty(out, inp // 32, dtype=torch.float16), requires_grad=False)
 
 
-def pack_layers(model: nn.Module, layers: dict[str, int], dtype: torch.dtype) -> int:
+def pack_layers(model: nn.Module, layers: dict[str, str], dtype: torch.dtype) -> int:
     """Pack each held layer's loaded values into the kernel's layout and multiply through it (the
     placeholders dropped: `weight` stays an empty [0, in] tensor of the model's dtype); a tied embedding's
     becomes the LM head's product and the embedding's lookup. Returns the bytes held."""
     kernel, held, switch = load_qgemm(), 0, {}
-    for name in layers:
+    for name, fmt_name in layers.items():
         module = model.get_submodule(name)
-        weight = pack(module.weight.data, module.weight_scale.data, getattr(module, "weight_min", None))
-        if weight.bits not in switch and dtype in (torch.float32, torch.bfloat16):  # measured on the first layer of each
-            switch[weight.bits] = choose_dequantize_rows(weight, kernel, dtype)
-            logger.info("GGUF weights, %d-bit: dequantized per call from %s rows (its time against the integer tiles: %s)",
-                        weight.bits, switch[weight.bits][0], switch[weight.bits][1])
-        product = QuantLinear(weight, kernel, switch.get(weight.bits, (None, ""))[0])
+        weight = pack(module.weight.data, module.weight_scale.data, getattr(module, "weight_min", None), FORMATS[fmt_name])
+        if fmt_name not in switch and dtype in (torch.float32, torch.bfloat16):  # measured on the first layer of each
+            switch[fmt_name] = choose_dequantize_rows(weight, kernel, dtype)
+            logger.info("GGUF weights, %s: dequantized per call from %s rows (its time against the integer tiles: %s)",
+                        fmt_name, switch[fmt_name][0], switch[fmt_name][1])
+        product = QuantLinear(weight, kernel, switch.get(fmt_name, (None, ""))[0])
         for attr in SUFFIXES:
             if hasattr(module, attr):
                 delattr(module, attr)
@@ -173,4 +163,3 @@ def pack_layers(model: nn.Module, layers: dict[str, int], dtype: torch.dtype) ->
             model.lm_head.quant = product
         held += weight.nbytes
     return held
-

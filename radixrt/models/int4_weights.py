@@ -64,7 +64,7 @@ def quantize_layers(model: nn.Module, group: int, device: torch.device, tp_size:
         module.weight = nn.Parameter(values, requires_grad=False)
         module.weight_scale = nn.Parameter(scales, requires_grad=False)
         module.weight_min = nn.Parameter(mins, requires_grad=False)
-        layers[name] = 4
+        layers[name] = "q4"
     if kept:
         logger.info("int4wo-%d: %d layers the tiles cannot take stay in the model's dtype: %s", group, len(kept), ", ".join(kept))
     return layers

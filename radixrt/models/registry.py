@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ def load_model(
     int8 = scheme.name in ("w8a8_int8", "int8wo")
     if int8 and scheme.prequantized:
         hold_int8_placeholders(model)
-    held, keep = _gguf_layers(model, Path(path), device, tp) if scheme.name == "gguf" else ({}, frozenset())
+    held, keep = _gguf_layers(model, Path(path), device, tp) if scheme.name == "gguf" else ({}, {})
     weights = iter_safetensors(Path(path), device, keep)
     if scheme.name == "fp8":
         weights = dequantize_fp8(weights, dtype)
@@ -67,21 +68,23 @@ def load_model(
         quantize_linear_weights(model, tp)
     if scheme.name == "int4wo":
         held = quantize_layers(model, scheme.group, device, tp.size)
-    # the linear layers held in 4- or 8-bit tiles (a GGUF file's blocks, or int4wo), their bytes, and whether
-    # a tied embedding is (gguf_weights.py)
-    model.quant_held = (len(held) - (TIED in held), pack_layers(model, held, dtype), TIED in held) if held else None
+    # the linear layers held in 4-, 5- or 8-bit tiles (a GGUF file's blocks, or int4wo), their bytes, whether
+    # a tied embedding is, and how many layers each format holds (gguf_weights.py)
+    formats = Counter(fmt for name, fmt in held.items() if name != TIED)
+    model.quant_held = (formats.total(), pack_layers(model, held, dtype), TIED in held, dict(sorted(formats.items()))) if held else None
     return model.eval()
 
 
-def _gguf_layers(model: torch.nn.Module, path: Path, device: torch.device, tp: TPGroup) -> tuple[dict[str, int], frozenset[str]]:
+def _gguf_layers(model: torch.nn.Module, path: Path, device: torch.device, tp: TPGroup) -> tuple[dict[str, str], dict[str, str]]:
     """The linear layers a GGUF file's blocks fill as they are (placeholders held), and the Hugging Face
-    names of the tensors that fill them."""
+    names of the tensors that fill them, each with its layer's format."""
     from radixrt.models.gguf_checkpoint import tensor_types
 
     types = tensor_types(path)
     held = resident_layers(model, types, device, tp.size)
     hold_placeholders(model, held)
-    return held, frozenset(n for n in types if model._shard_plan(n.removeprefix("model."))[0].removesuffix(".weight") in held)
+    layer_of = {n: model._shard_plan(n.removeprefix("model."))[0].removesuffix(".weight") for n in types}
+    return held, {n: held[layer] for n, layer in layer_of.items() if layer in held}
 
 
 def reload_weights(model: torch.nn.Module, path: str | Path, device: torch.device) -> None:
@@ -95,18 +98,18 @@ def reload_weights(model: torch.nn.Module, path: str | Path, device: torch.devic
         head.data.copy_(embed.data)
 
 
-def iter_safetensors(path: Path, device: torch.device, keep: frozenset[str] = frozenset()) -> Iterator[tuple[str, Any]]:
+def iter_safetensors(path: Path, device: torch.device, keep: dict[str, str] | None = None) -> Iterator[tuple[str, Any]]:
     """Lazy tensors of a checkpoint (one model.safetensors or the shards its index lists):
     indexing a slice reads only that part, so a rank never loads the whole model. A GGUF
     sidecar directory (utils/gguf_sidecar.py) yields its GGUF file's tensors instead, whole,
     dequantized to float32 on the CPU one at a time, but those named in `keep`, which come as
-    their blocks (gguf_checkpoint.iter_gguf)."""
+    their blocks in the format named (gguf_checkpoint.iter_gguf)."""
     # imported here: this function is registry.py's one GGUF hook
     from radixrt.models.gguf_checkpoint import iter_gguf
     from radixrt.utils.gguf_sidecar import gguf_source
 
     if gguf_source(path) is not None:
-        yield from iter_gguf(path, keep)
+        yield from iter_gguf(path, keep or {})
         return
     index = path / "model.safetensors.index.json"
     if index.exists():

@@ -146,7 +146,8 @@ def quantized_kernels(model: torch.nn.Module, scheme: WeightScheme, dtype: torch
             return QuantChoice("none", f"{scheme.source}: dequantized to {dtype} at load")
         tied = "the tied embedding and lm_head held too, as one copy" if held[2] else f"the embedding and lm_head in {dtype}"
         how = "as the file quantizes them" if scheme.name == "gguf" else f"in 4 bits per {scheme.group} inputs"
-        reason = (f"{scheme.source}: {held[0]} linear layers held {how} ({held[1] / 2**20:.1f} MiB in all, "
+        formats = ", ".join(f"{name} {count}" for name, count in held[3].items())
+        reason = (f"{scheme.source}: {held[0]} linear layers held {how} ({formats}; {held[1] / 2**20:.1f} MiB in all, "
                   f"int8 activations, kernels/quant_weights.py); {tied}")
         logger.info("weights: %s", reason)
         return QuantChoice(scheme.name, reason)

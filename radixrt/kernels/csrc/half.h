@@ -1,4 +1,4 @@
-/* IEEE float16 <-> float32 in plain C, for every variant (F16C is not among the scalar variant's flags):
+/* IEEE float16 <-> float32 (and bf16 reads and writes) in plain C, for every variant (F16C is not among the scalar variant's flags):
  * the int4 KV pool's scales (radixrt/kernels/kv_quant.py), read by the attention kernel and written by
  * the quantizer. float_to_half rounds to nearest, ties to even, as torch's .to(torch.float16) does; a
  * value beyond float16's range becomes infinity (the quantizer clamps before it converts). */
@@ -43,4 +43,21 @@ static inline uint16_t float_to_half(float f) {
     if (rest > half || (rest == half && (h & 1))) h++; /* a carry into the exponent is the right result */
     return sign | (uint16_t)h;
 }
+/* Element i of a row of float32 (bf16 == 0) or bf16 (bf16 == 1, the top half of a float32) values. */
+static inline float float_at(const void *x, int bf16, int64_t i) {
+    if (!bf16) return ((const float *)x)[i];
+    const uint32_t bits = (uint32_t)((const uint16_t *)x)[i] << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* float32 -> bf16, rounded to nearest even as torch's .to(torch.bfloat16) does (NaN -> 0x7fc0, as torch). */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if (f != f) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 #endif /* RADIXRT_HALF_H */

@@ -26,18 +26,10 @@ enum { KIND_F32 = 0, KIND_BF16 = 1 };
 #define GROUP 32
 #define PAR_MIN_ROWS 64 /* rows from which a call forks */
 
-static inline float element(const void *x, int kind, int64_t i) {
-    if (kind == KIND_F32) return ((const float *)x)[i];
-    const uint32_t bits = (uint32_t)((const uint16_t *)x)[i] << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 static void quantize_group(const void *x, int kind, int64_t at, uint8_t *values, uint16_t *scale) {
     float g[GROUP], peak = 0.0f, best = -1.0f;
     for (int e = 0; e < GROUP; e++) {
-        g[e] = element(x, kind, at + e);
+        g[e] = float_at(x, kind == KIND_BF16, at + e);
         if (fabsf(g[e]) > best) best = fabsf(g[e]), peak = g[e];
     }
     const float fmax = 65504.0f, raw = peak / -8.0f;
