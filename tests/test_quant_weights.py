@@ -63,7 +63,7 @@ def test_a_type_is_held_only_in_the_formats_it_fits_exactly():
 def test_an_embedding_held_in_the_tiles_looks_up_the_rows_they_hold(qtype):
     """A tied embedding held as the LM head's packed weight gives each id's row as `dequantize` holds it,
     rounded to the model's dtype once (as the embedding dequantized at load was)."""
-    from radixrt.models.gguf_weights import QuantRows
+    from radixrt.models.quant_linear import QuantRows
 
     n, k = 80, 256
     w = pack(*unpack(gguf_tensor(qtype, n, k), qtype, n, k))
@@ -121,26 +121,49 @@ def test_every_variant_equals_the_float64_reference(isa, qtype, fmt, rows, dtype
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0", "Q8_0", "Q6_K"])
-def test_from_the_chosen_rows_a_layer_goes_through_its_weight_dequantized(qtype):
-    """From its dequantize_rows a held layer multiplies through its weight dequantized for the call: the
-    compiled dequantizer gives `dequantize`'s values exactly (float32; bf16 rounded to nearest even), and
-    the layer's product is F.linear over them; fewer rows (or None) take the integer tiles. The start-up
-    choice names a probed row count, or None."""
-    from radixrt.kernels.quant_weights import load_qgemm
-    from radixrt.models.gguf_weights import PROBE_ROWS, QuantLinear, choose_dequantize_rows
+def test_from_each_route_s_rows_a_layer_goes_its_way(qtype):
+    """Routes send a layer's product, from their row counts, through the AMX tiles or through its weight
+    dequantized for the call: the compiled dequantizer gives `dequantize`'s values exactly (float32; bf16
+    rounded to nearest even), and the layer's product is then F.linear over them; fewer rows take the ISA's
+    tiles. The start-up choice makes routes at probed row counts, ascending, and logs every way's time."""
+    from radixrt.kernels.quant_weights import load_amx_qgemm, load_qgemm
+    from radixrt.models.quant_linear import PROBE_ROWS, QuantLinear, Route, choose_routes
 
     require_native()
-    kernel = load_qgemm()
+    kernel, amx = load_qgemm(), load_amx_qgemm()
     n, k = 64, 256
     w = pack(*unpack(gguf_tensor(qtype, n, k), qtype, n, k))
     assert torch.equal(kernel.dequantize(w, torch.float32), dequantize(w))
     assert torch.equal(kernel.dequantize(w, torch.bfloat16), dequantize(w).bfloat16())
-    layer = QuantLinear(w, kernel, dequantize_rows=8)
+    routes = [Route(4, amx), Route(8, None)] if amx else [Route(8, None)]
+    layer = QuantLinear(w, kernel, routes)
     x = torch.randn(2, 4, k).bfloat16()
     assert torch.equal(layer(x), torch.nn.functional.linear(x, dequantize(w).bfloat16()))
-    few = x[0, :3].float()
-    for tiles in (layer, QuantLinear(w, kernel)):
-        torch.testing.assert_close(tiles(few).double(), reference(few, w), atol=1e-4 * reference(few, w).abs().max().item(), rtol=1e-5)
-    rows, timings = choose_dequantize_rows(w, kernel, torch.bfloat16)
-    assert rows is None or rows in PROBE_ROWS
-    assert f"{PROBE_ROWS[0]} rows" in timings
+    for few in (x[0, :3].float(), x[0].float()):  # the ISA's tiles; the AMX ones where the CPU has them
+        want = reference(few, w)
+        for tiles in (layer, QuantLinear(w, kernel)):
+            torch.testing.assert_close(tiles(few).double(), want, atol=1e-4 * want.abs().max().item(), rtol=1e-5)
+    chosen, timings = choose_routes(w, kernel, amx, torch.bfloat16)
+    assert [r.rows for r in chosen] == sorted(r.rows for r in chosen) and all(r.rows in PROBE_ROWS for r in chosen)
+    assert all(f"{rows} rows {kernel.isa.name} 1.00x" in timings for rows in PROBE_ROWS) and "dequantized" in timings
+    assert (amx is not None) == ("amx" in timings)
+
+
+def test_amx_tiles_equal_the_float64_reference_where_the_cpu_has_them():
+    """qgemm.c's AMX-INT8 variant (16 rows a tile, rows past M padded) in every format, to float32's rounding."""
+    from radixrt.kernels.native_build import AMX, cpu_flags
+    from radixrt.kernels.quant_weights import load_amx_qgemm
+
+    require_native()
+    missing = AMX.needs - (cpu_flags() or frozenset())
+    if missing:
+        pytest.skip(f"the AMX-INT8 tiles need {', '.join(sorted(missing))}, which this CPU lacks")
+    amx = load_amx_qgemm()
+    assert amx is not None
+    for qtype, fmt in HELD:
+        for rows in (1, 16, 37):
+            w = pack(*unpack(gguf_tensor(qtype, 96, 512, seed=rows), qtype, 96, 512, fmt))
+            x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 3
+            got, want = amx(x, w), reference(x, w)
+            torch.testing.assert_close(got.double(), want, atol=1e-4 * want.abs().max().item(), rtol=1e-5)
+            assert torch.equal(amx(x, w, torch.bfloat16), got.bfloat16())

@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "qgemm.c"
 GROUP, TILE = 32, 16
 KINDS = {torch.float32: 0, torch.bfloat16: 1}
-ERRORS = {1: "unknown activation dtype, bits or scale group", 2: "K not a multiple of 32 or N of 16", 3: "out of memory"}
+ERRORS = {1: "unknown activation dtype, bits or scale group", 2: "K not a multiple of 32 or N of 16", 3: "out of memory",
+          4: "Linux did not grant this process the AMX tile state"}
 
 
 @dataclass(frozen=True)
@@ -153,13 +154,14 @@ class QGemm:
         self._dequantize.restype, self._dequantize.argtypes = ctypes.c_int, [p, i, i, p, p, i64, i64, p, i, i]
 
     def dequantize(self, w: QuantWeight, dtype: torch.dtype) -> torch.Tensor:
-        """The [N, K] weight w holds, in dtype (float32, or bf16 rounded to nearest even): `dequantize`'s values."""
-        out = torch.empty(w.out_features, w.in_features, dtype=dtype)
+        """The [N, K] weight w holds, in dtype (float32, or bf16 rounded to nearest even): `dequantize`'s values,
+        as the transpose of a contiguous [K, N] (the layout the kernel writes fastest; F.linear takes it as is)."""
+        out = torch.empty(w.in_features, w.out_features, dtype=dtype)
         err = self._dequantize(w.packed.data_ptr(), w.bits, w.format.sub, w.scales.data_ptr(), _ptr(w.mins),
                                w.in_features, w.out_features, out.data_ptr(), KINDS[dtype], torch.get_num_threads())
         if err:
             raise RuntimeError(f"quantized weight dequantize ({self.isa.name}) failed: {ERRORS.get(err, err)}")
-        return out
+        return out.t()
 
     def __call__(self, x: torch.Tensor, w: QuantWeight, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """x [M, K] float32 or bf16 -> x W^T [M, N] in out_dtype (float32 or bf16, rounded to nearest even)."""
@@ -182,6 +184,22 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def build_qgemm(isa: native_build.Isa) -> QGemm:
     """The kernel for isa, built if needed. Raises RuntimeError or OSError saying why it cannot be had."""
     return QGemm(native_build.build(SOURCE, isa), isa)
+
+
+@functools.cache
+def load_amx_qgemm() -> QGemm | None:
+    """The AMX-INT8 kernel where the CPU has the tiles and it builds and runs (one product tried), else None
+    (logged with the reason where the CPU has them)."""
+    flags = native_build.cpu_flags() or frozenset()
+    if not native_build.AMX.needs <= flags:
+        return None
+    try:
+        kernel = build_qgemm(native_build.AMX)
+        kernel(torch.zeros(1, GROUP), pack(torch.zeros(TILE, GROUP, dtype=torch.int8), torch.ones(TILE, 1)))
+        return kernel
+    except (OSError, RuntimeError) as e:
+        logger.warning("quantized weights: the AMX-INT8 GEMM is unavailable (%s)", e)
+        return None
 
 
 @functools.cache

@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from radixrt.kernels.quant_weights import FORMATS, QGemm, QuantWeight, held_rows, load_qgemm, pack
+from radixrt.kernels.quant_weights import FORMATS, load_amx_qgemm, load_qgemm, pack
 from radixrt.models.gguf_blocks import layer_format
+from radixrt.models.quant_linear import QuantLinear, QuantRows, choose_routes
 from radixrt.models.weight_quant import int8_targets
 
 logger = logging.getLogger(__name__)
@@ -36,66 +34,6 @@ logger = logging.getLogger(__name__)
 MODE_ENV = "RADIXRT_GGUF_WEIGHTS"  # "quantized" (the default where it serves) or "dequantize"
 TIED = "embed_tokens"  # a tied embedding held: the LM head's weight too
 SUFFIXES = ("weight_scale", "weight_min")  # beside `weight`, what a held layer loads
-
-
-PROBE_ROWS = (16, 64, 256)  # row counts at which start-up times the integer tiles against dequantizing per call
-PROBE_ROUNDS = 5
-
-
-class QuantLinear:
-    """A layer's product through its held weight: x [.., K] -> x W^T [.., N] in x's dtype (float32 for any
-    dtype but float32 and bf16)."""
-
-    def __init__(self, weight: QuantWeight, kernel: QGemm, dequantize_rows: int | None = None) -> None:
-        """dequantize_rows: from this many rows the weight is dequantized for the call and multiplied by the
-        model dtype's GEMM (choose_dequantize_rows); None: never."""
-        self.weight, self.kernel, self.dequantize_rows = weight, kernel, dequantize_rows
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.weight.in_features)
-        dtype = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32
-        if self.dequantize_rows is not None and rows.shape[0] >= self.dequantize_rows and dtype == x.dtype:
-            y = F.linear(rows, self.kernel.dequantize(self.weight, dtype))
-        else:
-            y = self.kernel(rows, self.weight, dtype)
-        return y.view(*x.shape[:-1], self.weight.out_features)
-
-
-class QuantRows:
-    """An embedding's lookup from a held weight (a tied LM head's): ids [T] -> rows [T, K] in dtype, each
-    dequantized from the packed tiles as `dequantize` would."""
-
-    def __init__(self, weight: QuantWeight, dtype: torch.dtype) -> None:
-        self.weight, self.dtype = weight, dtype
-
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return held_rows(self.weight, ids.reshape(-1)).to(self.dtype)
-
-
-def choose_dequantize_rows(weight: QuantWeight, kernel: QGemm, dtype: torch.dtype) -> tuple[int | None, str]:
-    """The fewest of PROBE_ROWS rows at which dequantizing the weight per call and F.linear in dtype beats the
-    integer tiles by 5% (median of PROBE_ROUNDS, on this layer's shape), or None; and the timings, for the log.
-    Measured on this AVX-512-BF16 EPYC: 4-bit tiles 0.5-0.96x bf16's F.linear time at 1-256 rows (never
-    dequantized), 8-bit ones 1.6x at 256 rows where dequantizing costs 1.4x."""
-    timings = []
-    for rows in PROBE_ROWS:
-        x = torch.randn(rows, weight.in_features).to(dtype)
-        tiles, dequantized = (_median_s(fn) for fn in (lambda: kernel(x, weight),
-                                                       lambda: F.linear(x, kernel.dequantize(weight, dtype))))
-        timings.append(f"{rows} rows {dequantized / tiles:.2f}x")
-        if dequantized < 0.95 * tiles:
-            return rows, ", ".join(timings)
-    return None, ", ".join(timings)
-
-
-def _median_s(fn) -> float:
-    fn()
-    times = []
-    for _ in range(PROBE_ROUNDS):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def resident_layers(model: nn.Module, tensor_types: dict[str, str], device: torch.device, tp_size: int) -> dict[str, str]:
@@ -144,15 +82,15 @@ def pack_layers(model: nn.Module, layers: dict[str, str], dtype: torch.dtype) ->
     """Pack each held layer's loaded values into the kernel's layout and multiply through it (the
     placeholders dropped: `weight` stays an empty [0, in] tensor of the model's dtype); a tied embedding's
     becomes the LM head's product and the embedding's lookup. Returns the bytes held."""
-    kernel, held, switch = load_qgemm(), 0, {}
+    kernel, amx, held, routes = load_qgemm(), load_amx_qgemm(), 0, {}
     for name, fmt_name in layers.items():
         module = model.get_submodule(name)
         weight = pack(module.weight.data, module.weight_scale.data, getattr(module, "weight_min", None), FORMATS[fmt_name])
-        if fmt_name not in switch and dtype in (torch.float32, torch.bfloat16):  # measured on the first layer of each
-            switch[fmt_name] = choose_dequantize_rows(weight, kernel, dtype)
-            logger.info("GGUF weights, %s: dequantized per call from %s rows (its time against the integer tiles: %s)",
-                        fmt_name, switch[fmt_name][0], switch[fmt_name][1])
-        product = QuantLinear(weight, kernel, switch.get(fmt_name, (None, ""))[0])
+        if fmt_name not in routes and dtype in (torch.float32, torch.bfloat16):  # measured on the first layer of each
+            routes[fmt_name], timings = choose_routes(weight, kernel, amx, dtype)
+            logger.info("GGUF weights, %s: %s (%s)", fmt_name, ", ".join(str(r) for r in routes[fmt_name]) or
+                        f"the {kernel.isa.name} tiles at every row count", timings)
+        product = QuantLinear(weight, kernel, routes.get(fmt_name, ()))
         for attr in SUFFIXES:
             if hasattr(module, attr):
                 delattr(module, attr)

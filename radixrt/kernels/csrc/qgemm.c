@@ -20,10 +20,17 @@
  * (|qx| x sign(w, qx)). AVX2 does the same with vpmaddubsw + vpmaddwd (16-bit pair sums: 31 x 127 x 2 and
  * 127 x 127 x 2 fit); the scalar variant in plain C.
  *
+ * The amx variant (HAVE_AMX_INT8) multiplies 16 activation rows at a time by AMX-INT8 tiles instead: per group,
+ * A = 16 rows x 32 int8 activations, B = the group's eight vectors above as 8 rows of 64 bytes (the tile
+ * layout the weights already have), one tdpbsud (tdpbssd for int8 weights) into a 16 x 16 int32 tile, which is
+ * stored and scaled in float32 as the VNNI sums are (two tiles of K = 16 where scales are per 16). 4- and 5-bit
+ * weights are unpacked to bytes once per call and tile, for every row block.
+ *
  * x [M, K] float32 (kind 0) or bf16 (kind 1), rows contiguous; out [M, N] in float32 or bf16 (out_kind, rounded to
  * nearest even). Threads split the output tiles. Returns 0, or 1 for an unknown kind, bits or sub, 2 for K not a
- * multiple of 32 or N of 16, 3 out of memory.
+ * multiple of 32 or N of 16, 3 out of memory, 4 where Linux does not grant this process the AMX tile state.
  */
+#define _GNU_SOURCE /* syscall() */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -32,6 +39,10 @@
 
 #include "simd.h"
 #include "half.h"
+#ifdef HAVE_AMX_INT8
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 enum { KIND_F32 = 0, KIND_BF16 = 1 };
 #define GROUP 32
@@ -53,8 +64,9 @@ static void store_row(void *out, int kind, int64_t at, const float *v, int n) {
     }
 }
 
-/* One activation row quantized: qx [K] int8, and per group sx (float32) and the sum of its qx (int32). */
-static void quantize_row(const void *x, int kind, int64_t K, int8_t *qx, float *sx, int32_t *sum) {
+/* One activation row quantized: qx [K] int8, and per group sx (float32) and sx times the sum of its qx (ms:
+ * what a group's min is multiplied by). */
+static void quantize_row(const void *x, int kind, int64_t K, int8_t *qx, float *sx, float *ms) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         float v[GROUP], amax = 0.0f;
         for (int e = 0; e < GROUP; e++) {
@@ -68,7 +80,7 @@ static void quantize_row(const void *x, int kind, int64_t K, int8_t *qx, float *
             qx[g * GROUP + e] = (int8_t)q;
             s += q;
         }
-        sx[g] = amax / 127.0f, sum[g] = s;
+        sx[g] = amax / 127.0f, ms[g] = sx[g] * (float)s;
     }
 }
 
@@ -128,10 +140,10 @@ static inline void group_dots(const uint8_t *w, int bits, const int8_t *const *q
 #endif
 }
 
-/* One tile's 16 outputs for `rows` activation rows (qx, sx, sum from the block's first row), scales and mins
+/* One tile's 16 outputs for `rows` activation rows (qx, sx, ms from the block's first row), scales and mins
  * converted once a tile into dt ([K / sub][16]) and mt ([K / 32][16]). */
 static void block_plain(const uint8_t *wt, int bits, int sub, const float *dt, const float *mt, const int8_t *qx,
-                        const float *sx, const int32_t *sum, int64_t K, int rows, float acc[][TILE]) {
+                        const float *sx, const float *ms, int64_t K, int rows, float acc[][TILE]) {
     const int64_t G = K / GROUP;
     for (int r = 0; r < rows; r++) memset(acc[r], 0, sizeof acc[r]);
     for (int64_t g = 0; g < G; g++) {
@@ -141,14 +153,14 @@ static void block_plain(const uint8_t *wt, int bits, int sub, const float *dt, c
         group_dots(wt + g * GROUP_BYTES(bits), bits, rows_qx, rows, lo, hi);
         const float *d0 = dt + (sub == 16 ? 2 * g : g) * TILE, *d1 = sub == 16 ? d0 + TILE : d0, *mg = mt + g * TILE;
         for (int r = 0; r < rows; r++) {
-            const float s = sx[r * G + g], ms = s * (float)sum[r * G + g];
-            for (int n = 0; n < TILE; n++) acc[r][n] += ((float)lo[r][n] * d0[n] + (float)hi[r][n] * d1[n]) * s + mg[n] * ms;
+            const float s = sx[r * G + g], m = ms[r * G + g];
+            for (int n = 0; n < TILE; n++) acc[r][n] += ((float)lo[r][n] * d0[n] + (float)hi[r][n] * d1[n]) * s + mg[n] * m;
         }
     }
 }
 #endif
 
-#ifdef HAVE_VNNI
+#ifdef RADIXRT_AVX512_FAMILY
 /* A group's weights as eight vectors of 16 lanes x 4 bytes (k = 4j + b in vector j): unsigned for 4 and 5
  * bits, int8 for 8. */
 static inline void unpack_group(const uint8_t *w, int bits, __m512i wv[8]) {
@@ -171,11 +183,24 @@ static inline void unpack_group(const uint8_t *w, int bits, __m512i wv[8]) {
 
 static inline __m512 load_half16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
-/* One tile's 16 outputs for `rows` activation rows (qx, sx, sum from the block's first row), the accumulators
+static inline __m256i to_bf16x16(__m512 f) { /* rounded to nearest even */
+#ifdef HAVE_DOT_BF16
+    return (__m256i)_mm512_cvtneps_pbh(f);
+#else
+    const __m512i u = _mm512_castps_si512(f);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16));
+#endif
+}
+#endif
+
+#ifdef HAVE_VNNI
+
+/* One tile's 16 outputs for `rows` activation rows (qx, sx, ms from the block's first row), the accumulators
  * in registers across the groups: each group's weights unpacked once, its integer sums scaled in place by the
  * tile's float16 scales and mins (dt: [K / sub][16], mt: [K / 32][16] or NULL), converted as they are read. */
 static void block_vnni(const uint8_t *wt, int bits, int sub, const uint16_t *dt, const uint16_t *mt, const int8_t *qx,
-                       const float *sx, const int32_t *sum, int64_t K, int rows, void *out, int out_kind, int64_t N) {
+                       const float *sx, const float *ms, int64_t K, int rows, void *out, int out_kind, int64_t N) {
     const int64_t G = K / GROUP;
     __m512 acc[MR];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
@@ -197,7 +222,7 @@ static void block_vnni(const uint8_t *wt, int bits, int sub, const uint16_t *dt,
                                                              _mm512_mask_sub_epi8(wv[j], _mm512_movepi8_mask(xa), _mm512_setzero_si512(), wv[j]));
             }
             const __m512 s = _mm512_set1_ps(sx[r * G + g]);
-            __m512 a = _mm512_fmadd_ps(mg, _mm512_set1_ps(sx[r * G + g] * (float)sum[r * G + g]), acc[r]);
+            __m512 a = _mm512_fmadd_ps(mg, _mm512_set1_ps(ms[r * G + g]), acc[r]);
             a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[1]), _mm512_mul_ps(d1, s), a);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[0]), _mm512_mul_ps(d0, s), a);
         }
@@ -206,7 +231,105 @@ static void block_vnni(const uint8_t *wt, int bits, int sub, const uint16_t *dt,
         if (out_kind == KIND_F32)
             _mm512_storeu_ps((float *)out + r * N, acc[r]);
         else
-            _mm256_storeu_si256((__m256i *)((uint16_t *)out + r * N), (__m256i)_mm512_cvtneps_pbh(acc[r]));
+            _mm256_storeu_si256((__m256i *)((uint16_t *)out + r * N), to_bf16x16(acc[r]));
+    }
+}
+#endif
+
+#ifdef HAVE_AMX_INT8
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
+
+/* Whether Linux grants this process the AMX tile data state (asked once: arch_prctl ARCH_REQ_XCOMP_PERM,
+ * XFEATURE_XTILEDATA). */
+static int amx_granted(void) {
+    static int state; /* 0 not asked, 1 granted, -1 refused */
+    if (!state) state = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : -1;
+    return state == 1;
+}
+
+/* Tiles 0, 3: C (16 x 16 int32); 1, 4: A (16 rows x the scale block's bytes); 2, 5: B (block / 4 rows of 64
+ * bytes). One scale block of 32 uses tiles 0-2; two of 16 use all six. */
+static void configure_tiles(int sub) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 6; t++) {
+        c.rows[t] = t % 3 == 2 ? (uint8_t)(sub / 4) : 16;
+        c.colsb[t] = t % 3 == 1 ? (uint16_t)sub : 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* A 16 x 16 int32 tile of one group's sums (c0; c1 the second half's where scales are per 16) scaled into
+ * the rows' accumulators. */
+static inline void scale_sums(__m512 acc[TILE], const int32_t *c0, const int32_t *c1, int sub, const uint16_t *dt,
+                              const uint16_t *mt, const float *sx, const float *ms, int64_t G, int64_t g) {
+    const __m512 d0 = load_half16(dt + (sub == 16 ? 2 * g : g) * TILE);
+    const __m512 d1 = sub == 16 ? load_half16(dt + (2 * g + 1) * TILE) : d0;
+    const __m512 mg = mt ? load_half16(mt + g * TILE) : _mm512_setzero_ps();
+    for (int r = 0; r < TILE; r++) {
+        const __m512 s = _mm512_set1_ps(sx[r * G + g]);
+        __m512 v = mt ? _mm512_fmadd_ps(mg, _mm512_set1_ps(ms[r * G + g]), acc[r]) : acc[r];
+        if (sub == 16) v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c1 + r * TILE)), _mm512_mul_ps(d1, s), v);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c0 + r * TILE)), _mm512_mul_ps(d0, s), v);
+    }
+}
+
+/* Group g's product into C tile c from A tile a and B tile b (immediates: tile numbers). */
+#define TILE_PRODUCT(c, a, b, g)                                           \
+    do {                                                                   \
+        _tile_zero(c);                                                     \
+        _tile_loadd(a, qx + (g) * GROUP, (int)K);                          \
+        _tile_loadd(b, B + (g) * 512, 64);                                 \
+        if (bits == 8) _tile_dpbssd(c, a, b); else _tile_dpbsud(c, a, b); \
+    } while (0)
+
+/* One tile's 16 outputs for 16 activation rows (qx, sx, ms from the block's first row; rows past M are zeros),
+ * B the tile's groups as tile rows (bytes [G][8][64]). Scales per 32: groups alternate between tiles 0-2 and
+ * 3-5, so that one group's product runs while the last one's sums are scaled. Per 16: one group at a time,
+ * its halves in tiles 0-2 and 3-5. */
+static void block_amx(const uint8_t *B, int bits, int sub, const uint16_t *dt, const uint16_t *mt, const int8_t *qx,
+                      const float *sx, const float *ms, int64_t K, int rows, void *out, int out_kind, int64_t N) {
+    const int64_t G = K / GROUP;
+    int32_t c[2][TILE * TILE] __attribute__((aligned(64)));
+    __m512 acc[TILE];
+    for (int r = 0; r < TILE; r++) acc[r] = _mm512_setzero_ps();
+    if (sub == 16) {
+        for (int64_t g = 0; g < G; g++) {
+            _tile_zero(0);
+            _tile_zero(3);
+            _tile_loadd(1, qx + g * GROUP, (int)K);
+            _tile_loadd(4, qx + g * GROUP + 16, (int)K);
+            _tile_loadd(2, B + g * 512, 64);
+            _tile_loadd(5, B + g * 512 + 256, 64);
+            _tile_dpbssd(0, 1, 2); /* per 16 only with int8 weights */
+            _tile_dpbssd(3, 4, 5);
+            _tile_stored(0, c[0], 64);
+            _tile_stored(3, c[1], 64);
+            scale_sums(acc, c[0], c[1], sub, dt, mt, sx, ms, G, g);
+        }
+    } else {
+        TILE_PRODUCT(0, 1, 2, 0);
+        for (int64_t g = 0; g < G; g += 2) {
+            if (g + 1 < G) TILE_PRODUCT(3, 4, 5, g + 1);
+            _tile_stored(0, c[0], 64);
+            if (g + 2 < G) TILE_PRODUCT(0, 1, 2, g + 2);
+            scale_sums(acc, c[0], NULL, sub, dt, mt, sx, ms, G, g);
+            if (g + 1 < G) {
+                _tile_stored(3, c[1], 64);
+                scale_sums(acc, c[1], NULL, sub, dt, mt, sx, ms, G, g + 1);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        if (out_kind == KIND_F32)
+            _mm512_storeu_ps((float *)out + r * N, acc[r]);
+        else
+            _mm256_storeu_si256((__m256i *)((uint16_t *)out + r * N), to_bf16x16(acc[r]));
     }
 }
 #endif
@@ -216,23 +339,58 @@ int CAT(radixrt_qgemm, ISA_NAME)(const void *x, int kind, int64_t M, int64_t K, 
     if (!valid(kind, bits, sub, mn != NULL) || (out_kind != KIND_F32 && out_kind != KIND_BF16)) return 1;
     if (K % GROUP || N % TILE) return 2;
     const int64_t G = K / GROUP, S = K / sub, tile_bytes = G * GROUP_BYTES(bits);
-    const size_t qbytes = ((size_t)(M * K) + 3) & ~(size_t)3; /* the scales after it, 4-byte aligned */
-    int8_t *qx = malloc(qbytes + (size_t)(M * G) * (sizeof(float) + sizeof(int32_t)));
+#ifdef HAVE_AMX_INT8
+    if (!amx_granted()) return 4;
+    const int64_t Mp = (M + TILE - 1) / TILE * TILE; /* rows padded to whole tiles, the padding zeros */
+#else
+    const int64_t Mp = M;
+#endif
+    const size_t qbytes = ((size_t)(Mp * K) + 63) & ~(size_t)63; /* the scales after it, 64-byte aligned */
+    int8_t *qx = aligned_alloc(64, qbytes + (((size_t)(Mp * G) * 2 * sizeof(float) + 63) & ~(size_t)63));
     if (!qx) return 3;
     float *sx = (float *)((char *)qx + qbytes);
-    int32_t *sum = (int32_t *)(sx + M * G);
+    float *ms = sx + Mp * G;
+    memset(qx + M * K, 0, (size_t)((Mp - M) * K));
+    memset(sx + M * G, 0, sizeof(float) * (size_t)((Mp - M) * G));
+    memset(ms + M * G, 0, sizeof(float) * (size_t)((Mp - M) * G));
     const int par = M * N * K >= (1 << 18) ? threads : 1;
     int failed = 0;
 #pragma omp parallel num_threads(par) if (par > 1)
     {
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) quantize_row((const char *)x + m * K * (kind == KIND_F32 ? 4 : 2), kind, K, qx + m * K, sx + m * G, sum + m * G);
-#ifdef HAVE_VNNI
+        for (int64_t m = 0; m < M; m++) quantize_row((const char *)x + m * K * (kind == KIND_F32 ? 4 : 2), kind, K, qx + m * K, sx + m * G, ms + m * G);
+#if defined(HAVE_AMX_INT8)
+        uint8_t *unpacked = bits == 8 ? NULL : aligned_alloc(64, (size_t)(G * 512)); /* a tile's groups as bytes */
+        configure_tiles(sub);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < N / TILE; t++) {
+            const uint8_t *B = w + t * tile_bytes;
+            if (bits != 8) {
+                if (!unpacked) continue;
+                for (int64_t g = 0; g < G; g++) {
+                    __m512i wv[8];
+                    unpack_group(B + g * GROUP_BYTES(bits), bits, wv);
+                    for (int j = 0; j < 8; j++) _mm512_store_si512((void *)(unpacked + g * 512 + 64 * j), wv[j]);
+                }
+                B = unpacked;
+            }
+            for (int64_t m0 = 0; m0 < M; m0 += TILE)
+                block_amx(B, bits, sub, d + t * S * TILE, mn ? mn + t * G * TILE : NULL, qx + m0 * K, sx + m0 * G, ms + m0 * G, K,
+                          M - m0 < TILE ? (int)(M - m0) : TILE, (char *)out + (m0 * N + t * TILE) * (out_kind == KIND_F32 ? 4 : 2),
+                          out_kind, N);
+        }
+        _tile_release();
+        if (bits != 8 && !unpacked) {
+#pragma omp atomic write
+            failed = 3;
+        }
+        free(unpacked);
+#elif defined(HAVE_VNNI)
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < N / TILE; t++)
             for (int64_t m0 = 0; m0 < M; m0 += MR)
                 block_vnni(w + t * tile_bytes, bits, sub, d + t * S * TILE, mn ? mn + t * G * TILE : NULL, qx + m0 * K, sx + m0 * G,
-                           sum + m0 * G, K, M - m0 < MR ? (int)(M - m0) : MR,
+                           ms + m0 * G, K, M - m0 < MR ? (int)(M - m0) : MR,
                            (char *)out + (m0 * N + t * TILE) * (out_kind == KIND_F32 ? 4 : 2), out_kind, N);
 #else
         float *dt = malloc(sizeof(float) * (size_t)((S + G) * TILE)), *mt = dt + S * TILE; /* a tile's scales and mins */
@@ -244,7 +402,7 @@ int CAT(radixrt_qgemm, ISA_NAME)(const void *x, int kind, int64_t M, int64_t K, 
             for (int64_t m0 = 0; m0 < M; m0 += MR) {
                 const int rows = M - m0 < MR ? (int)(M - m0) : MR;
                 float acc[MR][TILE];
-                block_plain(w + t * tile_bytes, bits, sub, dt, mt, qx + m0 * K, sx + m0 * G, sum + m0 * G, K, rows, acc);
+                block_plain(w + t * tile_bytes, bits, sub, dt, mt, qx + m0 * K, sx + m0 * G, ms + m0 * G, K, rows, acc);
                 for (int r = 0; r < rows; r++) store_row(out, out_kind, (m0 + r) * N + t * TILE, acc[r], TILE);
             }
         }
@@ -259,27 +417,46 @@ int CAT(radixrt_qgemm, ISA_NAME)(const void *x, int kind, int64_t M, int64_t K, 
     return failed;
 }
 
-/* W as float32 (kind 0) or bf16 (kind 1, rounded to nearest even), out [N, K]: what the weight holds, for a
- * product through the model dtype's GEMM where many rows make that faster than the integer tiles. */
+/* W^T as float32 (kind 0) or bf16 (kind 1, rounded to nearest even), out [K, N]: what the weight holds, for a
+ * product through the model dtype's GEMM where many rows make that faster than the integer tiles. Transposed,
+ * so that a tile's 16 outputs of one element of K are 16 consecutive values: one vector each. */
 int CAT(radixrt_qdequantize, ISA_NAME)(const uint8_t *w, int bits, int sub, const uint16_t *d, const uint16_t *mn, int64_t K,
                                        int64_t N, void *out, int kind, int threads) {
     if (!valid(kind, bits, sub, mn != NULL)) return 1;
     if (K % GROUP || N % TILE) return 2;
     const int64_t G = K / GROUP, S = K / sub, tile_bytes = G * GROUP_BYTES(bits);
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t t = 0; t < N / TILE; t++)
-        for (int n = 0; n < TILE; n++) {
-            float row[K]; /* NOTE: on the stack; K is a layer's input width */
-            for (int64_t g = 0; g < G; g++) {
-                const uint8_t *wg = w + t * tile_bytes + g * GROUP_BYTES(bits);
-                const float mg = mn ? half_to_float(mn[(t * G + g) * TILE + n]) : 0.0f;
-                for (int j = 0; j < 8; j++) {
-                    const int64_t s = sub == 16 ? 2 * g + j / 4 : g;
-                    const float dg = half_to_float(d[(t * S + s) * TILE + n]);
-                    for (int b = 0; b < 4; b++) row[g * GROUP + 4 * j + b] = (float)group_value(wg, bits, n, j, b) * dg + mg;
+#pragma omp parallel for num_threads(threads) schedule(static) /* by rows of out: each thread writes whole rows */
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t t = 0; t < N / TILE; t++) {
+            const uint8_t *wg = w + t * tile_bytes + g * GROUP_BYTES(bits);
+            const uint16_t *dg = d + (t * S + (sub == 16 ? 2 * g : g)) * TILE, *mg = mn ? mn + (t * G + g) * TILE : NULL;
+#ifdef RADIXRT_AVX512_FAMILY
+            __m512i wv[8];
+            unpack_group(wg, bits, wv);
+            const __m512 d0 = load_half16(dg), d1 = sub == 16 ? load_half16(dg + TILE) : d0;
+            const __m512 m = mg ? load_half16(mg) : _mm512_setzero_ps();
+            for (int j = 0; j < 8; j++)
+                for (int b = 0; b < 4; b++) { /* byte b of each lane: element k = 4j + b of the 16 outputs */
+                    const __m128i up = _mm_cvtsi32_si128(24 - 8 * b), down = _mm_cvtsi32_si128(bits == 8 ? 24 : 8 * b);
+                    const __m512i v = bits == 8 ? _mm512_sra_epi32(_mm512_sll_epi32(wv[j], up), down)
+                                                : _mm512_and_si512(_mm512_srl_epi32(wv[j], down), _mm512_set1_epi32(255));
+                    const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), j < 4 ? d0 : d1, m);
+                    const int64_t at = (g * GROUP + 4 * j + b) * N + t * TILE;
+                    if (kind == KIND_F32)
+                        _mm512_storeu_ps((float *)out + at, f);
+                    else
+                        _mm256_storeu_si256((__m256i *)((uint16_t *)out + at), to_bf16x16(f));
                 }
-            }
-            store_row(out, kind, (t * TILE + n) * K, row, (int)K);
+#else
+            for (int j = 0; j < 8; j++)
+                for (int b = 0; b < 4; b++) {
+                    float row[TILE];
+                    for (int n = 0; n < TILE; n++)
+                        row[n] = (float)group_value(wg, bits, n, j, b) * half_to_float(dg[(sub == 16 && j >= 4 ? TILE : 0) + n]) +
+                                 (mg ? half_to_float(mg[n]) : 0.0f);
+                    store_row(out, kind, (g * GROUP + 4 * j + b) * N + t * TILE, row, TILE);
+                }
+#endif
         }
     return 0;
 }

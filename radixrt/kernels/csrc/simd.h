@@ -24,6 +24,12 @@
 #define HAVE_DOT_BF16 1
 #define HAVE_VNNI 1
 #define HAVE_BRGEMM 1
+#elif defined(RADIXRT_ISA_AMX) /* AVX512BF16, and AMX-INT8 tiles: built for qgemm.c only (native_build.AMX) */
+#define RADIXRT_AVX512_FAMILY
+#define ISA_NAME amx
+#define HAVE_DOT_BF16 1
+#define HAVE_VNNI 1
+#define HAVE_AMX_INT8 1
 #elif defined(RADIXRT_ISA_AVX512)
 #define RADIXRT_AVX512_FAMILY
 #define ISA_NAME avx512

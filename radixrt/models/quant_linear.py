@@ -1,0 +1,96 @@
+"""A linear layer's product through its weight held quantized (kernels/quant_weights.py), and which kernel
+multiplies it at how many rows: the ISA's integer tiles (VNNI where the CPU has it) at few rows, and from
+a row count start-up measures on the layer's shape, the AMX-INT8 tiles or the weight dequantized for the
+call and multiplied by the model dtype's GEMM, whichever is fastest there. Also a tied embedding's lookup
+from the LM head's held weight.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixrt.kernels.quant_weights import QGemm, QuantWeight, held_rows
+
+PROBE_ROWS = (16, 64, 256, 1024)  # row counts at which start-up times each way against the integer tiles
+PROBE_ROUNDS = 5
+MARGIN = 0.95  # another way is taken where it costs at most this share of the current one's time
+
+
+@dataclass(frozen=True)
+class Route:
+    """From `rows` rows, the product goes through `kernel`'s tiles, or (kernel None) through the weight
+    dequantized for the call and F.linear."""
+
+    rows: int
+    kernel: QGemm | None
+
+    def __str__(self) -> str:
+        return f"from {self.rows} rows {self.kernel.isa.name + ' tiles' if self.kernel else 'dequantized per call'}"
+
+
+class QuantLinear:
+    """A layer's product through its held weight: x [.., K] -> x W^T [.., N] in x's dtype (float32 for any
+    dtype but float32 and bf16)."""
+
+    def __init__(self, weight: QuantWeight, kernel: QGemm, routes: Sequence[Route] = ()) -> None:
+        """kernel: the tiles below the first route's rows; routes: by rows, ascending (choose_routes)."""
+        self.weight, self.kernel, self.routes = weight, kernel, tuple(routes)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.weight.in_features)
+        dtype = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        kernel: QGemm | None = self.kernel
+        for route in self.routes:
+            if rows.shape[0] >= route.rows and (route.kernel is not None or dtype == x.dtype):
+                kernel = route.kernel
+        y = F.linear(rows, self.kernel.dequantize(self.weight, dtype)) if kernel is None else kernel(rows, self.weight, dtype)
+        return y.view(*x.shape[:-1], self.weight.out_features)
+
+
+class QuantRows:
+    """An embedding's lookup from a held weight (a tied LM head's): ids [T] -> rows [T, K] in dtype, each
+    dequantized from the packed tiles as `dequantize` would."""
+
+    def __init__(self, weight: QuantWeight, dtype: torch.dtype) -> None:
+        self.weight, self.dtype = weight, dtype
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return held_rows(self.weight, ids.reshape(-1)).to(self.dtype)
+
+
+def choose_routes(weight: QuantWeight, kernel: QGemm, amx: QGemm | None, dtype: torch.dtype) -> tuple[list[Route], str]:
+    """At each of PROBE_ROWS (median of PROBE_ROUNDS, on this layer's shape, x in dtype), the fastest of the
+    current way, the AMX tiles (where given) and dequantizing per call, another taken only where it costs at
+    most MARGIN of the current one; the routes that makes, and the timings as ratios to kernel's tiles, for
+    the log. Measured on an AMX Xeon (2 cores, SmolLM2's shapes): the AMX tiles 0.41-0.95x the VNNI ones' time
+    at 16 rows, 0.26-0.7x at 64; dequantizing 1.5-3x bf16's F.linear alone."""
+    ways: dict[str, tuple[QGemm | None, Callable]] = {kernel.isa.name: (kernel, lambda x: kernel(x, weight, dtype))}
+    if amx is not None:
+        ways[amx.isa.name] = (amx, lambda x: amx(x, weight, dtype))
+    ways["dequantized"] = (None, lambda x: F.linear(x, kernel.dequantize(weight, dtype)))
+    routes, current, timings = [], kernel.isa.name, []
+    for rows in PROBE_ROWS:
+        x = torch.randn(rows, weight.in_features).to(dtype)
+        times = {name: _median_s(lambda fn=fn: fn(x)) for name, (_, fn) in ways.items()}
+        timings.append(f"{rows} rows " + " ".join(f"{n} {t / times[kernel.isa.name]:.2f}x" for n, t in times.items()))
+        best = min(times, key=times.get)
+        if best != current and times[best] <= MARGIN * times[current]:
+            routes.append(Route(rows, ways[best][0]))
+            current = best
+    return routes, "; ".join(timings)
+
+
+def _median_s(fn) -> float:
+    fn()
+    times = []
+    for _ in range(PROBE_ROUNDS):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
