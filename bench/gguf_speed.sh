@@ -7,12 +7,14 @@
 #
 #   bench/gguf_speed.sh             # SmolLM2-135M: the shipped Q4_1 file, and Q4_0, Q8_0, Q4_K_M made from it
 #   FILES="a.gguf b.gguf" WORKLOADS=W5_single REPEAT=3 bench/gguf_speed.sh
+#   PEER_WORKLOADS=W5_single bench/gguf_speed.sh   # llama.cpp on W5 only: its W2 takes ~4.5 min a run here
 #
 # Results: bench/results/gguf/{bf16,<file>_{radixrt,llamacpp}}.json, resident.json and gguf_speed.json.
 # Run it on a quiet machine: on 2 shared cores any other job skews every figure.
 set -uo pipefail
 OUT=${OUT:-bench/results/gguf}
 WORKLOADS=${WORKLOADS:-W5_single,W2_unique}
+PEER_WORKLOADS=${PEER_WORKLOADS:-$WORKLOADS}
 REPEAT=${REPEAT:-3}
 if [ -z "${FILES:-}" ]; then
   SHIPPED=$(PYTHONPATH=scripts .venv/bin/python -c "from make_smollm2 import ensure_smollm2; print(ensure_smollm2().gguf)" 2>/dev/null | tail -1)
@@ -27,7 +29,8 @@ first=${FILES%% *}
 sidecar() { .venv/bin/python -c "from radixrt.utils.gguf_sidecar import ensure_sidecar; print(ensure_sidecar('$1'))" 2>/dev/null | tail -1; }
 run() {  # name python system file [env]
   echo "== $1"
-  env ${5:-} "$2" bench/gguf_peer.py --system "$3" --gguf "$4" --tokenizer "$(sidecar "$4")" --workloads "$WORKLOADS" \
+  env ${5:-} "$2" bench/gguf_peer.py --system "$3" --gguf "$4" --tokenizer "$(sidecar "$4")" \
+    --workloads "$([ "$3" = llamacpp ] && echo "$PEER_WORKLOADS" || echo "$WORKLOADS")" \
     --repeat "$REPEAT" --out "$OUT/$1.json" 2>&1 | grep -E '^W[0-9]|Error|error' | cut -c1-200
 }
 run bf16 .venv/bin/python radixrt "$first" RADIXRT_GGUF_WEIGHTS=dequantize

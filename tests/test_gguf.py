@@ -134,8 +134,8 @@ def test_linear_layers_stay_quantized_and_serve_close_to_transformers(smollm2):
 
 def test_a_mixed_file_holds_each_layer_in_the_smallest_format_its_parts_fit(smollm2, tmp_path):
     """A mix like llama.cpp's Q4_K_M (scripts/make_gguf_variants.py MIXED, from the Q4_1 file's values): Q5_0
-    q and k, Q8_0 v on even layers (their fused qkv held in int8, exactly) and Q5_0 on odd ones (5 bits),
-    Q5_1 o (5 bits), Q4_1 gate and up (4 bits), Q6_K down on even layers (int8 per 16) and Q8_0 on odd ones.
+    q and k, Q8_0 v on even layers (their fused qkv held in int8, exactly) and Q5_0 on odd ones (5 bits, no
+    mins), Q5_1 o (5 bits), Q4_1 gate and up (4 bits), Q6_K down on even layers (int8 per 16) and Q8_0 on odd.
     Every layer held, within 1.15x of the file's bytes (measured 1.06x), and as close to transformers as the
     Q4_1 file within the floor (the finer grids hold its values nearly exactly; measured: 20 of 24)."""
     from make_gguf_variants import write  # scripts/
@@ -143,7 +143,7 @@ def test_a_mixed_file_holds_each_layer_in_the_smallest_format_its_parts_fit(smol
     path = tmp_path / "MIXED.gguf"
     write(gguf.GGUFReader(smollm2.gguf), path, "MIXED")
     held, agree = held_and_agreement(path, smollm2.gguf_reference)
-    assert held and int(held[1]) == 120 and held[2] == "q4 30, q5 45, q8 30, q8_16 15", held
+    assert held and int(held[1]) == 120 and held[2] == "q4 30, q5 30, q5s 15, q8 30, q8_16 15", held
     assert sum(agree) >= AGREE * len(agree), agree
     file_bytes = file_tensor_bytes(path)
     assert file_bytes <= float(held[3]) * 2**20 <= 1.15 * file_bytes
@@ -152,8 +152,8 @@ def test_a_mixed_file_holds_each_layer_in_the_smallest_format_its_parts_fit(smol
 def test_the_header_reads_q5_tensors_and_they_are_held_in_five_bits(tmp_path):
     """Q5_0 and Q5_1 (llama.cpp's Q4_K_M falls back to them on 576-wide rows) are missing from transformers'
     table of block sizes; the header reads them with the gguf package's, and each tensor's blocks unpack to
-    5-bit values (0.75 bytes an element held, the file's Q5_1 0.75, Q5_0 0.6875) holding exactly what gguf
-    dequantizes."""
+    5-bit values (bytes an element held as in the file: Q5_1 0.75 with its mins, Q5_0 0.6875 without) holding
+    exactly what gguf dequantizes."""
     from radixrt.kernels.quant_weights import dequantize, pack
     from radixrt.models.gguf_blocks import unpack
     from radixrt.models.gguf_checkpoint import _header_reader
@@ -173,11 +173,11 @@ def test_the_header_reads_q5_tensors_and_they_are_held_in_five_bits(tmp_path):
     for info in header.tensors:
         qtype = info.name.removesuffix(".weight")
         held = unpack(blob[header.data_start + info.offset:][: info.nbytes], qtype, 16, 64)
-        assert held[0].dtype == torch.uint8 and int(held[0].max()) <= 31 and held[3].name == "q5"
+        assert held[0].dtype == torch.uint8 and int(held[0].max()) <= 31 and held[3].name == {"Q5_0": "q5s", "Q5_1": "q5"}[qtype]
         kind = gguf.GGMLQuantizationType[qtype]
         want = gguf.dequantize(gguf.quantize(values, kind), kind)
         w = pack(*held)
-        assert torch.equal(dequantize(w), torch.from_numpy(want)) and w.nbytes == 16 * 64 * 0.75
+        assert torch.equal(dequantize(w), torch.from_numpy(want)) and w.nbytes == 16 * 64 * {"Q5_0": 0.6875, "Q5_1": 0.75}[qtype]
 
 
 def test_an_unsupported_architecture_is_refused_by_name(tmp_path):

@@ -43,7 +43,8 @@ def test_gguf_blocks_unpack_to_the_weights_gguf_dequantizes(qtype, fmt):
     want = torch.from_numpy(gguf.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(rows, cols))
     w = pack(*unpack(raw, qtype, rows, cols, fmt))
     held = dequantize(w)
-    assert w.format.name == fmt and w.nbytes == rows * cols * {"q4": 0.625, "q5": 0.75, "q8": 1.0625, "q8_16": 1.125}[fmt]
+    per = {"q4s": 0.5625, "q4": 0.625, "q5s": 0.6875, "q5": 0.75, "q8": 1.0625, "q8_16": 1.125}[fmt]
+    assert w.format.name == fmt and w.nbytes == rows * cols * per == rows * cols * w.format.nbytes_per_element
     if qtype == "Q4_K":  # scale and min rounded to float16: a relative 2^-11 of each at most
         torch.testing.assert_close(held, want, atol=16 * 2e-2 * 2**-11 * 64, rtol=0)
     elif qtype == "Q6_K":  # d sc rounded to float16 (|sc| <= 128, |n - 32| <= 32)
@@ -53,8 +54,8 @@ def test_gguf_blocks_unpack_to_the_weights_gguf_dequantizes(qtype, fmt):
 
 
 def test_a_type_is_held_only_in_the_formats_it_fits_exactly():
-    assert [layer_format(set(t)) for t in (["Q4_0"], ["Q5_0", "Q8_0"], ["Q4_1", "Q5_0"], ["Q6_K", "Q8_0"], ["Q4_1", "Q8_0"], ["F16"])] == \
-        ["q4", "q8", "q5", "q8_16", None, None]
+    layers = (["Q4_0"], ["Q4_0", "Q5_0"], ["Q5_0", "Q8_0"], ["Q4_1", "Q5_0"], ["Q6_K", "Q8_0"], ["Q4_1", "Q8_0"], ["F16"])
+    assert [layer_format(set(t)) for t in layers] == ["q4s", "q5s", "q8", "q5", "q8_16", None, None]
     with pytest.raises(ValueError, match="Q4_1 is not held quantized as q8"):
         unpack(gguf_tensor("Q4_1", 16, 32), "Q4_1", 16, 32, "q8")
 

@@ -7,8 +7,9 @@ Q4_K's sub-block scale and min folded into float16), or 8-bit values in -127..12
 (Q8_0) or per 16 (Q6_K, its sub-block scales folded into float16) (element = d w). `pack` lays them out for
 the kernel (outputs in tiles of 16, four elements of K per 32-bit lane, a 5-bit weight's fifth bits in a plane
 after each group's nibbles: see qgemm.c); the layout does not depend on the CPU, so a weight packs once at load.
-Bytes held per element: q4 0.625, q5 0.75, q8 1.0625, q8_16 1.125 (the files: Q4_0 0.5625, Q4_1 0.625, Q4_K
-0.5625, Q5_0 0.6875, Q5_1 0.75, Q6_K 0.8203, Q8_0 1.0625).
+A 4- or 5-bit weight without mins (q4s, q5s: Q4_0's and Q5_0's) has the min -8 or -16 scales. Bytes held per
+element: q4s 0.5625, q4 0.625, q5s 0.6875, q5 0.75, q8 1.0625, q8_16 1.125 (the files: Q4_0 0.5625, Q4_1
+0.625, Q4_K 0.5625, Q5_0 0.6875, Q5_1 0.75, Q6_K 0.8203, Q8_0 1.0625).
 
 The kernel quantizes each activation row to int8 per group (its largest |x| / 127), sums each scale block's
 products as integers (VNNI where the CPU has it), then scales them: `reference` is that arithmetic in
@@ -42,15 +43,17 @@ class Format:
     """How a weight's values and scales are held."""
 
     name: str
-    bits: int  # 4, 5 (unsigned, with a min per group) or 8 (int8, no min)
+    bits: int  # 4 or 5 (unsigned) or 8 (int8)
     sub: int  # elements per scale: 32, or 16 (8 bits only)
+    has_min: bool  # a float16 min per 32 (4 and 5 bits); without, a 4- or 5-bit weight's min is -8 or -16 scales
 
     @property
-    def has_min(self) -> bool:
-        return self.bits != 8
+    def nbytes_per_element(self) -> float:
+        return self.bits / 8 + 2 / self.sub + (2 / 32 if self.has_min else 0)
 
 
-FORMATS = {f.name: f for f in (Format("q4", 4, 32), Format("q5", 5, 32), Format("q8", 8, 32), Format("q8_16", 8, 16))}
+FORMATS = {f.name: f for f in (Format("q4s", 4, 32, False), Format("q4", 4, 32, True), Format("q5s", 5, 32, False),
+                               Format("q5", 5, 32, True), Format("q8", 8, 32, False), Format("q8_16", 8, 16, False))}  # smallest first
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class QuantWeight:
     in_features: int  # K
     packed: torch.Tensor  # uint8, N * K * bits / 8 bytes in the kernel's tile order
     scales: torch.Tensor  # float16 [N / 16, K / sub, 16]
-    mins: torch.Tensor | None  # float16 [N / 16, K / 32, 16] (4- and 5-bit), or None (8-bit)
+    mins: torch.Tensor | None  # float16 [N / 16, K / 32, 16] (formats with mins), or None
 
     @property
     def bits(self) -> int:
@@ -74,10 +77,10 @@ class QuantWeight:
 
 
 def pack(values: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None = None, fmt: Format | None = None) -> QuantWeight:
-    """values [N, K]: uint8 0..15 or 0..31 (then mins is given) or int8 -127..127; scales [N, K / fmt.sub], mins
-    [N, K / 32] (float16, or anything that rounds to it) -> the QuantWeight qgemm.c reads. fmt defaults to q8 for
-    int8 values, else q4."""
-    fmt = fmt or FORMATS["q8" if values.dtype == torch.int8 else "q4"]
+    """values [N, K]: uint8 0..15 or 0..31, or int8 -127..127; scales [N, K / fmt.sub], mins [N, K / 32] where fmt
+    has them (float16, or anything that rounds to it) -> the QuantWeight qgemm.c reads. fmt defaults to q8 for
+    int8 values, else q4 (with mins) or q4s."""
+    fmt = fmt or FORMATS["q8" if values.dtype == torch.int8 else "q4" if mins is not None else "q4s"]
     N, K = values.shape
     if K % GROUP or N % TILE:
         raise ValueError(f"a quantized weight needs in_features a multiple of {GROUP} and out_features of {TILE}; got [{N}, {K}]")
@@ -119,8 +122,11 @@ def held_rows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
     def per_element(t: torch.Tensor) -> torch.Tensor:
         return t[tile, :, lane].float().repeat_interleave(K // t.shape[1], dim=1)
 
-    out = values.reshape(-1, K) * per_element(w.scales)
-    return out + per_element(w.mins) if w.mins is not None else out
+    scales = per_element(w.scales)
+    out = values.reshape(-1, K) * scales
+    if w.mins is not None:
+        return out + per_element(w.mins)
+    return out - (1 << (w.bits - 1)) * scales if w.bits < 8 else out
 
 
 def dequantize(w: QuantWeight) -> torch.Tensor:

@@ -4,10 +4,10 @@ so that an element is scale * value + min. Read from the raw bytes of a GGUF ten
 file holds them), never through float weights. The layouts are ggml's (gguf's quants.py reads the same):
 
   Q4_0  per 32: float16 d, 16 bytes; element i < 16 is byte i's low nibble, i >= 16 byte i - 16's high;
-        element = d (n - 8)                                        -> q4: scale d, min -8 d (exact)
+        element = d (n - 8)                                        -> q4s: scale d (exact)
   Q4_1  per 32: float16 d, float16 m, 16 bytes as Q4_0; element = d n + m   -> q4: scale d, min m (exact)
   Q5_0  per 32: float16 d, 4 bytes of fifth bits (bit i: element i), 16 bytes of low nibbles as Q4_0;
-        element = d (n - 16)                                       -> q5: scale d, min -16 d (exact)
+        element = d (n - 16)                                       -> q5s: scale d (exact)
   Q5_1  per 32: float16 d, float16 m, then as Q5_0; element = d n + m       -> q5: scale d, min m (exact)
   Q8_0  per 32: float16 d, 32 int8; element = d q                  -> q8: scale d (exact)
   Q4_K  per 256: float16 d and dmin, 12 bytes of 6-bit scales sc_j and mins m_j for 8 sub-blocks of 32,
@@ -20,8 +20,8 @@ file holds them), never through float weights. The layouts are ggml's (gguf's qu
         to float16 (a relative 2^-11 at most)
 
 A tensor unpacks to its own format (NATIVE) or, for a fused layer whose parts differ, to a wider one it
-fits exactly (FITS: Q4_0 and Q5_0 become int8 n - 8, n - 16; 4-bit values are 5-bit ones; a per-32 int8
-scale repeats for each half).
+fits exactly (FITS: Q4_0 and Q5_0 take their min -8 d, -16 d where the format has mins, n + 8 in q5s, and
+become int8 n - 8, n - 16; 4-bit values are 5-bit ones; a per-32 int8 scale repeats for each half).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import torch
 
 from radixrt.kernels.quant_weights import FORMATS, Format
 
-NATIVE = {"Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q5_0": "q5", "Q5_1": "q5", "Q8_0": "q8", "Q6_K": "q8_16"}
-FITS = {"Q4_0": ("q4", "q5", "q8", "q8_16"), "Q4_1": ("q4", "q5"), "Q4_K": ("q4", "q5"), "Q5_0": ("q5", "q8", "q8_16"),
-        "Q5_1": ("q5",), "Q8_0": ("q8", "q8_16"), "Q6_K": ("q8_16",)}  # the formats each type is exact in, smallest first
+NATIVE = {"Q4_0": "q4s", "Q4_1": "q4", "Q4_K": "q4", "Q5_0": "q5s", "Q5_1": "q5", "Q8_0": "q8", "Q6_K": "q8_16"}
+FITS = {"Q4_0": ("q4s", "q4", "q5s", "q5", "q8", "q8_16"), "Q4_1": ("q4", "q5"), "Q4_K": ("q4", "q5"),
+        "Q5_0": ("q5s", "q5", "q8", "q8_16"), "Q5_1": ("q5",), "Q8_0": ("q8", "q8_16"), "Q6_K": ("q8_16",)}  # exact in
 BLOCK_BYTES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q4_K": (256, 144),
                "Q6_K": (256, 210)}  # (elements, bytes)
 
@@ -55,8 +55,15 @@ def unpack(raw: np.ndarray, qtype: str, rows: int, cols: int, fmt: str | None = 
     per, size = BLOCK_BYTES[qtype]
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows * cols // per, size)
     values, scales, mins = _q4_k(blocks) if qtype == "Q4_K" else _q6_k(blocks) if qtype == "Q6_K" else _per_32(blocks, qtype)
-    if FORMATS[fmt].bits == 8 and mins is not None:  # Q4_0, Q5_0: min -offset d, so n - offset in int8 is exact
-        values, mins = (values.astype(np.int16) - (8 if qtype == "Q4_0" else 16)).astype(np.int8), None
+    target = FORMATS[fmt]
+    if qtype in ("Q4_0", "Q5_0"):  # n with min -offset d: as the target holds it
+        offset = 8 if qtype == "Q4_0" else 16
+        if target.bits == 8:
+            values = (values.astype(np.int16) - offset).astype(np.int8)
+        elif target.has_min:
+            mins = scales * np.float16(-offset)
+        else:
+            values = values + np.uint8((1 << (target.bits - 1)) - offset)  # Q4_0 in q5s: n + 8
     if fmt == "q8_16" and qtype != "Q6_K":
         scales = np.repeat(scales.reshape(-1, 1), 2, axis=1)
     sub = FORMATS[fmt].sub
@@ -68,12 +75,13 @@ def unpack(raw: np.ndarray, qtype: str, rows: int, cols: int, fmt: str | None = 
 
 
 def _per_32(blocks: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Values, scales and (Q4_1, Q5_1) mins of the per-32 types; Q4_0's and Q5_0's n without their offset."""
     d = blocks[:, :2].copy().view(np.float16)  # [blocks, 1]
     if qtype == "Q8_0":
         return blocks[:, 2:].view(np.int8), d, None
     has_m = qtype in ("Q4_1", "Q5_1")
     start = 4 if has_m else 2
-    mins = blocks[:, 2:4].copy().view(np.float16) if has_m else d * np.float16(-16 if qtype == "Q5_0" else -8)
+    mins = blocks[:, 2:4].copy().view(np.float16) if has_m else None
     fifth = None
     if qtype in ("Q5_0", "Q5_1"):
         fifth = ((blocks[:, start : start + 4].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)

@@ -4,8 +4,8 @@
  *     y[m, n] = sum_g sx[m, g] (sum_s d[n, s] sum_{k in s} qx[m, k] w[n, k] + mn[n, g] sum_{k in g} qx[m, k])
  * where x[m, k] ~ sx[m, g] qx[m, k] (qx int8, sx = the group's largest |x| / 127), s runs over the group's
  * scale blocks (the group itself, or its two halves of 16 where `sub` is 16), and W's element is d w + mn:
- *   bits 4: w in 0..15, a float16 scale d and min mn per 32 (Q4_0: mn = -8 d)
- *   bits 5: w in 0..31, likewise (Q5_0: mn = -16 d)
+ *   bits 4: w in 0..15, a float16 scale d and min mn per 32, or without mins (Q4_0) mn = -8 d
+ *   bits 5: w in 0..31, likewise, or without mins (Q5_0) mn = -16 d
  *   bits 8: w in -127..127, a float16 scale d per 32 or (sub 16: Q6_K) per 16, no min
  *
  * W's layout (independent of the ISA; quant_weights.py packs it): outputs in tiles of 16; per tile, per group,
@@ -53,8 +53,12 @@ enum { KIND_F32 = 0, KIND_BF16 = 1 };
 static int valid(int kind, int bits, int sub, int has_min) {
     if (kind != KIND_F32 && kind != KIND_BF16) return 0;
     if (bits == 8) return (sub == 32 || sub == 16) && !has_min;
-    return (bits == 4 || bits == 5) && sub == 32 && has_min;
+    (void)has_min; /* 4 and 5 bits: with mins, or without (a min of -8 or -16 scales) */
+    return (bits == 4 || bits == 5) && sub == 32;
 }
+
+/* The min of a 4- or 5-bit weight held without mins, per unit of its scale: -8, -16 (0 for 8 bits). */
+static inline float offset_min(int bits) { return bits == 8 ? 0.0f : -(float)(1 << (bits - 1)); }
 
 static void store_row(void *out, int kind, int64_t at, const float *v, int n) {
     if (kind == KIND_F32) {
@@ -209,7 +213,7 @@ static void block_vnni(const uint8_t *wt, int bits, int sub, const uint16_t *dt,
         unpack_group(wt + g * GROUP_BYTES(bits), bits, wv);
         const __m512 d0 = load_half16(dt + (sub == 16 ? 2 * g : g) * TILE);
         const __m512 d1 = sub == 16 ? load_half16(dt + (2 * g + 1) * TILE) : d0;
-        const __m512 mg = mt ? load_half16(mt + g * TILE) : _mm512_setzero_ps();
+        const __m512 mg = mt ? load_half16(mt + g * TILE) : _mm512_mul_ps(d0, _mm512_set1_ps(offset_min(bits)));
         for (int r = 0; r < rows; r++) {
             const int8_t *x = qx + r * K + g * GROUP;
             __m512i dot[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
@@ -266,14 +270,14 @@ static void configure_tiles(int sub) {
 
 /* A 16 x 16 int32 tile of one group's sums (c0; c1 the second half's where scales are per 16) scaled into
  * the rows' accumulators. */
-static inline void scale_sums(__m512 acc[TILE], const int32_t *c0, const int32_t *c1, int sub, const uint16_t *dt,
+static inline void scale_sums(__m512 acc[TILE], const int32_t *c0, const int32_t *c1, int sub, float min_per_scale, const uint16_t *dt,
                               const uint16_t *mt, const float *sx, const float *ms, int64_t G, int64_t g) {
     const __m512 d0 = load_half16(dt + (sub == 16 ? 2 * g : g) * TILE);
     const __m512 d1 = sub == 16 ? load_half16(dt + (2 * g + 1) * TILE) : d0;
-    const __m512 mg = mt ? load_half16(mt + g * TILE) : _mm512_setzero_ps();
+    const __m512 mg = mt ? load_half16(mt + g * TILE) : _mm512_mul_ps(d0, _mm512_set1_ps(min_per_scale));
     for (int r = 0; r < TILE; r++) {
         const __m512 s = _mm512_set1_ps(sx[r * G + g]);
-        __m512 v = mt ? _mm512_fmadd_ps(mg, _mm512_set1_ps(ms[r * G + g]), acc[r]) : acc[r];
+        __m512 v = mt || min_per_scale != 0.0f ? _mm512_fmadd_ps(mg, _mm512_set1_ps(ms[r * G + g]), acc[r]) : acc[r];
         if (sub == 16) v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c1 + r * TILE)), _mm512_mul_ps(d1, s), v);
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c0 + r * TILE)), _mm512_mul_ps(d0, s), v);
     }
@@ -310,7 +314,7 @@ static void block_amx(const uint8_t *B, int bits, int sub, const uint16_t *dt, c
             _tile_dpbssd(3, 4, 5);
             _tile_stored(0, c[0], 64);
             _tile_stored(3, c[1], 64);
-            scale_sums(acc, c[0], c[1], sub, dt, mt, sx, ms, G, g);
+            scale_sums(acc, c[0], c[1], sub, 0.0f, dt, mt, sx, ms, G, g);
         }
     } else {
         TILE_PRODUCT(0, 1, 2, 0);
@@ -318,10 +322,10 @@ static void block_amx(const uint8_t *B, int bits, int sub, const uint16_t *dt, c
             if (g + 1 < G) TILE_PRODUCT(3, 4, 5, g + 1);
             _tile_stored(0, c[0], 64);
             if (g + 2 < G) TILE_PRODUCT(0, 1, 2, g + 2);
-            scale_sums(acc, c[0], NULL, sub, dt, mt, sx, ms, G, g);
+            scale_sums(acc, c[0], NULL, sub, offset_min(bits), dt, mt, sx, ms, G, g);
             if (g + 1 < G) {
                 _tile_stored(3, c[1], 64);
-                scale_sums(acc, c[1], NULL, sub, dt, mt, sx, ms, G, g + 1);
+                scale_sums(acc, c[1], NULL, sub, offset_min(bits), dt, mt, sx, ms, G, g + 1);
             }
         }
     }
@@ -398,7 +402,7 @@ int CAT(radixrt_qgemm, ISA_NAME)(const void *x, int kind, int64_t M, int64_t K, 
         for (int64_t t = 0; t < N / TILE; t++) {
             if (!dt) continue;
             for (int64_t i = 0; i < S * TILE; i++) dt[i] = half_to_float(d[t * S * TILE + i]);
-            for (int64_t i = 0; i < G * TILE; i++) mt[i] = mn ? half_to_float(mn[t * G * TILE + i]) : 0.0f;
+            for (int64_t i = 0; i < G * TILE; i++) mt[i] = mn ? half_to_float(mn[t * G * TILE + i]) : offset_min(bits) * dt[i];
             for (int64_t m0 = 0; m0 < M; m0 += MR) {
                 const int rows = M - m0 < MR ? (int)(M - m0) : MR;
                 float acc[MR][TILE];
@@ -434,7 +438,7 @@ int CAT(radixrt_qdequantize, ISA_NAME)(const uint8_t *w, int bits, int sub, cons
             __m512i wv[8];
             unpack_group(wg, bits, wv);
             const __m512 d0 = load_half16(dg), d1 = sub == 16 ? load_half16(dg + TILE) : d0;
-            const __m512 m = mg ? load_half16(mg) : _mm512_setzero_ps();
+            const __m512 m = mg ? load_half16(mg) : _mm512_mul_ps(d0, _mm512_set1_ps(offset_min(bits)));
             for (int j = 0; j < 8; j++)
                 for (int b = 0; b < 4; b++) { /* byte b of each lane: element k = 4j + b of the 16 outputs */
                     const __m128i up = _mm_cvtsi32_si128(24 - 8 * b), down = _mm_cvtsi32_si128(bits == 8 ? 24 : 8 * b);
@@ -453,7 +457,7 @@ int CAT(radixrt_qdequantize, ISA_NAME)(const uint8_t *w, int bits, int sub, cons
                     float row[TILE];
                     for (int n = 0; n < TILE; n++)
                         row[n] = (float)group_value(wg, bits, n, j, b) * half_to_float(dg[(sub == 16 && j >= 4 ? TILE : 0) + n]) +
-                                 (mg ? half_to_float(mg[n]) : 0.0f);
+                                 (mg ? half_to_float(mg[n]) : offset_min(bits) * half_to_float(dg[n]));
                     store_row(out, kind, (g * GROUP + 4 * j + b) * N + t * TILE, row, TILE);
                 }
 #endif
