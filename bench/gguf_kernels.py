@@ -10,7 +10,8 @@ weight dequantized (the baseline: what our bf16 serving computes), in one run:
 
 Shapes: SmolLM2-135M's (qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536) and TinyLlama-1.1B's (qkv
 2560x2048, gate_up 11264x2048, down 2048x5632); formats q4 (Q4_0/Q4_1/Q4_K) and q8 (Q8_0). Each figure is
-a median in microseconds, with its ratio to bf16. Writes bench/results/gguf_kernels.json.
+a median in microseconds, with its ratio to bf16, under the allocator a worker starts with (peaks.run_as_worker:
+a weight dequantized per call is a fresh tensor each time). Writes bench/results/gguf_kernels.json.
 
     .venv/bin/python bench/gguf_kernels.py [--rows 1,16,64,256] [--shapes smollm2,tinyllama]
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from peaks import run_as_worker  # bench/, beside this script
 
 from radixrt.kernels.native_build import cpu_flags, cpu_model
 from radixrt.kernels.quant_weights import load_amx_qgemm, load_qgemm, pack
@@ -72,6 +74,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16,64,256")
     ap.add_argument("--shapes", default="smollm2,tinyllama")
     a = ap.parse_args()
+    run_as_worker()
     tiles, amx = load_qgemm(), load_amx_qgemm()
     flags = sorted(f for f in cpu_flags() or () if f in ("avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16", "avx_vnni"))
     print(f"{cpu_model()} ({' '.join(flags)}), {torch.get_num_threads()} threads; tiles: {tiles.isa.name}; "
