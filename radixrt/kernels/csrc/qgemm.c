@@ -53,7 +53,7 @@ enum { KIND_F32 = 0, KIND_BF16 = 1 };
 static int valid(int kind, int bits, int sub, int has_min) {
     if (kind != KIND_F32 && kind != KIND_BF16) return 0;
     if (bits == 8) return (sub == 32 || sub == 16) && !has_min;
-    (void)has_min; /* 4 and 5 bits: with mins, or without (a min of -8 or -16 scales) */
+    /* 4 and 5 bits: with mins, or without (a min of -8 or -16 scales) */
     return (bits == 4 || bits == 5) && sub == 32;
 }
 
@@ -196,6 +196,16 @@ static inline __m256i to_bf16x16(__m512 f) { /* rounded to nearest even */
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16));
 #endif
 }
+
+/* A tile's 16 outputs of `rows` rows (acc[r]) into out (row stride N), float32 or bf16. */
+static inline void store_rows(const __m512 *acc, int rows, void *out, int out_kind, int64_t N) {
+    for (int r = 0; r < rows; r++) {
+        if (out_kind == KIND_F32)
+            _mm512_storeu_ps((float *)out + r * N, acc[r]);
+        else
+            _mm256_storeu_si256((__m256i *)((uint16_t *)out + r * N), to_bf16x16(acc[r]));
+    }
+}
 #endif
 
 #ifdef HAVE_VNNI
@@ -231,12 +241,7 @@ static void block_vnni(const uint8_t *wt, int bits, int sub, const uint16_t *dt,
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[0]), _mm512_mul_ps(d0, s), a);
         }
     }
-    for (int r = 0; r < rows; r++) {
-        if (out_kind == KIND_F32)
-            _mm512_storeu_ps((float *)out + r * N, acc[r]);
-        else
-            _mm256_storeu_si256((__m256i *)((uint16_t *)out + r * N), to_bf16x16(acc[r]));
-    }
+    store_rows(acc, rows, out, out_kind, N);
 }
 #endif
 
@@ -329,12 +334,7 @@ static void block_amx(const uint8_t *B, int bits, int sub, const uint16_t *dt, c
             }
         }
     }
-    for (int r = 0; r < rows; r++) {
-        if (out_kind == KIND_F32)
-            _mm512_storeu_ps((float *)out + r * N, acc[r]);
-        else
-            _mm256_storeu_si256((__m256i *)((uint16_t *)out + r * N), to_bf16x16(acc[r]));
-    }
+    store_rows(acc, rows, out, out_kind, N);
 }
 #endif
 
