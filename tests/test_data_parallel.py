@@ -186,11 +186,16 @@ def test_cache_aware_router_in_front_of_two_servers_sends_a_document_where_it_is
     # server; with equal loads it routes by cache.
     with router(servers, "cache_aware", "--balance-abs-threshold", "0", "--balance-rel-threshold", "1.0") as url:
         assert outputs(url, prompts) == alone
-        # Both documents' first questions at once, 256 forced tokens each so that they overlap in
-        # the router even on a loaded machine (64 did not always): the second goes to the server
-        # the first does not load, so each document starts on its own server...
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda doc: ask(url, doc + " Who?", max_new_tokens=256), docs))
+        # The second document's first question is sent while the first's streams (a token read,
+        # so the router counts it in flight): it goes to the server the first does not load, so
+        # each document starts on its own server. Sent from two threads at once, both were once
+        # placed before the router counted either, on the first server...
+        body = {"text": docs[0] + " Who?", "stream": True, "sampling_params": {"max_new_tokens": 256, "ignore_eos": True}}
+        with post_ok(url, "/generate", body, stream=True) as first:
+            events = (line for line in first.iter_lines() if line.startswith(b"data: "))
+            next(events)
+            ask(url, docs[1] + " Who?", max_new_tokens=256)
+            assert list(events)[-1] == b"data: [DONE]"
         homes = []
         for doc in docs:  # ...and its later questions follow it there
             before = [counters(u) for u in servers]
