@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixrt import kv_storage
 from radixrt.kv_settings import KV_FORMAT_NAMES, check_kv_args
 from radixrt.lora_settings import LoraServing, check_lora_args
 from radixrt.pooling import check_pooler_config
@@ -337,6 +338,19 @@ class ServerArgs:
     hicache_disk_max_errors: int = _arg(
         8, "disk tier I/O errors in a row after which the disk tier turns itself off (its pages are then recomputed)"
     )
+    hicache_storage_backend: str | None = _arg(
+        None, "the tier below host memory: file (the disk tier: hicache_dir, else $SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, "
+        "else /tmp/hicache) or mooncake (a Mooncake Store every server on its master shares; see docs/kv_storage.md)"
+    )
+    hicache_storage_prefetch_policy: str = _arg(
+        "best_effort", "how long a load from the storage backend may hold its step: best_effort or wait_complete (every "
+        "page the measured cost picks), timeout (pages not read by prefetch_timeout_base + prefetch_timeout_per_ki_token "
+        "per 1024 tokens, SGLang's 1 s + 0.25 s, are recomputed)"
+    )
+    hicache_storage_backend_extra_config: str | None = _arg(
+        None, "the storage backend's settings: a JSON object, or '@' and a JSON, YAML or TOML file (mooncake: "
+        "master_server_address, protocol, global_segment_size, ...; timeout: prefetch_timeout_base, ...)"
+    )
     preemption_mode: str = _arg(
         "recompute", "a retracted request's KV: recompute it, swap it to host memory, or auto (swap long ones)"
     )
@@ -538,6 +552,7 @@ class ServerArgs:
             raise ValueError("hicache_dir is the disk tier of the hierarchical cache: add enable_hierarchical_cache")
         if self.hicache_dir is not None and self.hicache_disk_size <= 0:
             raise ValueError(f"hicache_disk_size must be > 0 with hicache_dir, got {self.hicache_disk_size}")
+        kv_storage.check_storage_args(self)
         if self.hicache_disk_max_errors < 1:
             raise ValueError(f"hicache_disk_max_errors must be >= 1, got {self.hicache_disk_max_errors}")
         if self.swap_min_tokens < 0:
@@ -584,6 +599,22 @@ class ServerArgs:
         if unknown:
             raise ValueError(f"unknown server argument(s): {', '.join(unknown)}")
         return cls(**kwargs)
+
+    @property
+    def storage_backend(self) -> str | None:
+        """What holds the pages below host memory: file (hicache_dir, with or without the flag), mooncake, or None."""
+        return self.hicache_storage_backend or ("file" if self.hicache_dir is not None else None)
+
+    @property
+    def mooncake(self) -> kv_storage.MooncakeSettings | None:
+        """The Mooncake Store's settings (None: another backend, or none)."""
+        return kv_storage.mooncake_settings(self.hicache_storage_backend, self.hicache_storage_backend_extra_config)
+
+    @property
+    def prefetch_timeout(self) -> tuple[float, float] | None:
+        """--hicache-storage-prefetch-policy timeout: (seconds, seconds per 1024 tokens) a load may take."""
+        return kv_storage.prefetch_timeout(self.hicache_storage_prefetch_policy, self.hicache_storage_backend,
+                                           self.hicache_storage_backend_extra_config)
 
     @property
     def model_name(self) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from radixrt.config import ServerArgs
+    from radixrt.kv_storage import MooncakeSettings
     from radixrt.lora_settings import LoraServing
     from radixrt.retention.settings import Retention
     from radixrt.speculative.settings import SpecSettings
@@ -59,6 +60,9 @@ class TierConfig(ConfigView):
     hicache_dir: str | None
     hicache_disk_size: float
     hicache_disk_max_errors: int
+    hicache_storage_backend: str | None
+    mooncake: MooncakeSettings | None  # the Mooncake Store's settings (its backend only)
+    prefetch_timeout: tuple[float, float] | None  # --hicache-storage-prefetch-policy timeout's bound
     preemption_mode: str
     swap_space: float
 
@@ -107,6 +111,8 @@ class SchedulerConfig(ConfigView):
     enable_hierarchical_cache: bool
     hicache_write_policy: str
     hicache_load_policy: str
+    hicache_storage_backend: str | None
+    mooncake: MooncakeSettings | None
     preemption_mode: str
     swap_min_tokens: int
     retention: Retention

@@ -154,6 +154,7 @@ class CachedTokensDetail(msgspec.Struct, array_like=True):
     device: int
     host: int
     storage: int | None = None  # None: the server has no disk tier
+    storage_backend: str = "file"  # what holds those: the disk tier's files, or a Mooncake Store
 
 
 class SpecCounts(msgspec.Struct, array_like=True):
@@ -414,6 +415,7 @@ class DiskFaults(msgspec.Struct, array_like=True):
     lost_pages: list[int] = []  # device pages a failed read left without their KV: recompute what reads them
     errors: int = 0  # file operations that failed
     disabled: bool = False  # it failed hicache_disk_max_errors times in a row and is off now
+    rejoined: bool = False  # after that, its store answered again: it is on, holding nothing yet
 
 
 class MoveTime(msgspec.Struct, array_like=True):

@@ -11,6 +11,12 @@ if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1 && [ "$(id -u)" = 0 
   { apt-get update -q && apt-get install -y -q libtcmalloc-minimal4; } >/dev/null 2>&1 \
     || echo "setup_env: could not install libtcmalloc-minimal4; CPU workers use glibc's allocator"
 fi
+# libibverbs1 for the Mooncake Store client ([mooncake]: --hicache-storage-backend mooncake); without
+# it that backend says so at start and its tests fail, naming the package.
+if ! ls /usr/lib/*/libibverbs.so.1 >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  { apt-get update -q && apt-get install -y -q libibverbs1; } >/dev/null 2>&1 \
+    || echo "setup_env: could not install libibverbs1; the Mooncake Store backend cannot start"
+fi
 if [ ! -x .venv/bin/python ]; then
   "${PYTHON:-python3}" -m venv .venv
 fi
@@ -23,7 +29,7 @@ stamp=.venv/.radixrt-installed
 want="$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1) $torch_req"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check "$torch_req"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[srt,dev,router]"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[srt,dev,router,mooncake]"
   # SGLang's frontend, for the compatibility tests only: without its runtime dependencies
   # (those would pull a second torch and CUDA); its frontend's own imports come with [dev].
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "sglang==0.5.9"

@@ -132,16 +132,17 @@ def test_openai_answers_carry_sglext_only_when_asked_and_there_is_a_detail(kind,
 
 
 def test_cached_tokens_are_counted_by_sglangs_cache_source():
-    assert cache_sources(False, False) == ("total",)
-    assert cache_sources(True, False) == ("device", "host")
-    assert cache_sources(True, True) == ("device", "host", "storage_file")
+    assert cache_sources(False, None) == ("total",)
+    assert cache_sources(True, None) == ("device", "host")
+    assert cache_sources(True, "file") == ("device", "host", "storage_file")
+    assert cache_sources(True, "mooncake") == ("device", "host", "storage_mooncake")
     assert cached_by_source(0, None) == {}
     assert cached_by_source(60, None) == {"total": 60}  # no tiers: SGLang's fallback
     assert cached_by_source(60, CachedTokensDetail(60, 0)) == {"device": 60}  # a tier with none is left out
     assert cached_by_source(60, CachedTokensDetail(20, 8, 32)) == {"device": 20, "host": 8, "storage_file": 32}
 
     metrics = ServerMetrics(make(num_pages=8, page_size=4)[0].stats, model_name="m",
-                            sources=cache_sources(True, True))
+                            sources=cache_sources(True, "file"))
 
     def count(source: str) -> float | None:
         return metrics.registry.get_sample_value("sglang:cached_tokens_total", {"model_name": "m", "cache_source": source})

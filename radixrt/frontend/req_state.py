@@ -1,8 +1,8 @@
 """ReqState: what the frontend knows of one request, and its result in SGLang's layout.
 
 meta_info.cached_tokens_details is SGLang 0.5.9's: always there, None without the hierarchical
-cache or without a hit, else {"device", "host"} and, with a disk tier, "storage" and
-"storage_backend" (STORAGE_BACKEND: the disk tier is a file backend).
+cache or without a hit, else {"device", "host"} and, with a storage backend, "storage" and
+"storage_backend" ("file": the disk tier; "mooncake": a Mooncake Store).
 """
 
 from __future__ import annotations
@@ -16,16 +16,13 @@ from radixrt.messages import CachedTokensDetail, FinishReason, ReqOutput, SpecCo
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.sampling_params import SamplingParams
 
-STORAGE_BACKEND = "file"  # what cached_tokens_details names the disk tier (a file backend, in SGLang's terms)
-
-
 def cached_tokens_details(d: CachedTokensDetail | None) -> dict[str, Any] | None:
     """The detail in SGLang's shape: {"device", "host"}, plus "storage" and "storage_backend" with a disk tier."""
     if d is None:
         return None
     out: dict[str, Any] = {"device": d.device, "host": d.host}
     if d.storage is not None:
-        out.update(storage=d.storage, storage_backend=STORAGE_BACKEND)
+        out.update(storage=d.storage, storage_backend=d.storage_backend)
     return out
 
 

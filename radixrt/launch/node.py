@@ -58,7 +58,7 @@ def _server_context(args: ServerArgs, local: ServerArgs, backend: Backend, token
 
     holder: dict[str, ServerContext] = {}
     metrics = ServerMetrics(lambda: holder["ctx"].manager.stats(), lambda: holder["ctx"].manager.cache_report.report(),
-                            args.model_name, cache_sources(args.enable_hierarchical_cache, args.hicache_dir is not None))
+                            args.model_name, cache_sources(args.enable_hierarchical_cache, args.storage_backend))
     try:
         manager = TokenizerManager(local, backend.addrs, backend.worker, backend.check_alive, observer=metrics.observe,
                                    model_path=args.model_path, tokenizer=tokenizer)

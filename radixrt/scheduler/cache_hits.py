@@ -20,5 +20,6 @@ def cached_details(cached: int, loaded: TierLoad, page_size: int, tiers: KVTiers
         return None
     host, disk = loaded.host_pages * page_size, loaded.disk_pages * page_size
     assert host + disk <= cached, f"loaded {host + disk} tokens from the tiers of {cached} reused"
-    storage = disk if tiers.disk is not None or disk else None
-    return CachedTokensDetail(device=cached - host - disk, host=host, storage=storage)
+    storage = disk if tiers.disk is not None or tiers.store is not None or disk else None
+    return CachedTokensDetail(device=cached - host - disk, host=host, storage=storage,
+                              storage_backend="mooncake" if tiers.store is not None else "file")

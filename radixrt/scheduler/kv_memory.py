@@ -272,6 +272,11 @@ class KVMemory:
     def take_moves(self) -> list[KVMove]:
         return self.tiers.take_moves() if self.tiers is not None else []
 
+    @property
+    def moves_pending(self) -> bool:
+        """Tier moves wait for the next step (a finished request's pages written through, say)."""
+        return self.tiers is not None and bool(self.tiers.moves)
+
     def persist(self) -> list[KVMove]:
         """At shutdown: the moves that write every cached page to the disk tier."""
         if self.tiers is None:

@@ -41,8 +41,9 @@ from pathlib import Path
 from radixrt.cache.eviction import EvictionOrder
 from radixrt.cache.tier_index import TierIndex, adoption_order, is_page_key
 from radixrt.cache.tier_links import TierLinks
-from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_key, disk_page_name
-from radixrt.scheduler.disk_files import exists, page_files
+from radixrt.kv_storage import MooncakeSettings
+from radixrt.messages import DiskFaults, KVMove, MoveKind
+from radixrt.scheduler.disk_files import FileView, StoreView
 from radixrt.namespace import CacheNamespace
 from radixrt.scheduler.tier_costs import TierCosts
 from radixrt.scheduler.kv_handle import TierLoad
@@ -69,7 +70,7 @@ def no_tier_stats() -> dict[str, int]:
 class KVTiers:
     def __init__(self, host_pages: int, cache_on_host: bool, disk_dir: str = "", disk_pages: int = 0,
                  page_size: int = 1, order: EvictionOrder | None = None, write_policy: str = "write_back",
-                 costs: TierCosts | None = None) -> None:
+                 costs: TierCosts | None = None, store: MooncakeSettings | None = None) -> None:
         assert write_policy in WRITE_POLICIES, write_policy
         self.costs = costs if costs is not None else TierCosts()  # load or recompute (tier_costs.py)
         self.page_size = page_size
@@ -77,8 +78,10 @@ class KVTiers:
         self.host = TierIndex(host_pages, self._new_order())
         self.cache_on_host = cache_on_host  # False: the host pool only holds swapped requests
         self.write_policy = write_policy if cache_on_host else "write_back"
-        self.disk = TierIndex(disk_pages, self._new_order()) if disk_dir else None
-        self.disk_dir = Path(disk_dir) if disk_dir else None
+        self.store = store  # the tier below host memory is this Mooncake Store's (None: a directory's)
+        self._disk_spec = (disk_dir, disk_pages)  # what a store that answers again is indexed as
+        self.disk: TierIndex | None = None
+        self.view: FileView | StoreView | None = None
         self.on_device = lambda key: False  # KVMemory: whether the device tree holds key's page
         self.pinned: set[str] = set()  # KVMemory's pinned keys (the same set object)
         self.links = TierLinks(lambda: [t for t in (self.host, self.disk) if t is not None])
@@ -86,19 +89,31 @@ class KVTiers:
         self.moves: list[KVMove] = []
         self._unwritten: set[str] = set()  # disk keys whose write is among the moves not yet taken
         self.counters = tier_counters()
-        if self.disk is not None:
-            self._adopt_disk(Path(disk_dir))
+        self._open_disk(disk_dir, disk_pages)
 
     def _new_order(self) -> EvictionOrder:
         """Each tier keeps its own policy state (the cost policy's inflation), by one policy."""
         return EvictionOrder(self._order.policy, self._order.cost)
 
-    def _adopt_disk(self, d: Path) -> None:
+    def _open_disk(self, disk_dir: str, disk_pages: int) -> None:
+        """An empty index of the tier below host memory ("": none), then what a previous run left there."""
+        if not disk_dir:
+            return
+        self.disk = TierIndex(disk_pages, self._new_order())
+        self.view = StoreView(self.store, disk_dir) if self.store is not None else FileView(Path(disk_dir))
+        self._adopt_disk(disk_dir)
+
+    @property
+    def shared(self) -> bool:
+        """Whether other servers read and write the tier below host memory too (a Mooncake Store)."""
+        return self.view is not None and self.view.shared
+
+    def _adopt_disk(self, d: str) -> None:
         """Pages a previous run left on disk, in prefix order from each sequence's first page, as far
         as capacity goes; the rest are dropped. Files whose names are not this version's page keys (an
         older key format) or whose earlier pages are not there (nothing could reach them) are removed
         on every rank: no request could ever hit them."""
-        keys = [disk_page_key(f.name) for f in page_files(d)]
+        keys = self.view.adoptable()
         stale = [key for key in keys if not is_page_key(key)]
         if stale:
             logger.warning("removing %d page files of an older key format from the disk KV tier in %s; "
@@ -122,30 +137,31 @@ class KVTiers:
         old directory is not touched (moves written to it were taken before the switch)."""
         assert not self.moves, "moves for the old disk directory are still pending"
         self._forget_disk_index()
-        if not disk_dir:
-            return
-        self.disk = TierIndex(disk_pages, self._new_order())
-        self.disk_dir = Path(disk_dir)
-        self._adopt_disk(self.disk_dir)
+        self._disk_spec = (disk_dir, disk_pages)
+        self._open_disk(disk_dir, disk_pages)
 
     def disk_failed(self, faults: DiskFaults) -> None:
         """The workers could not write or read these pages' files (or the tier is off now): they
         are no longer on disk, nor is any page after them that nothing else holds. Whatever file is
         left of them goes (on every rank)."""
         self.counters["disk_tier_errors"] += faults.errors
-        if self.disk is None:
-            return
-        if faults.disabled:  # the worker logged why
+        if self.disk is not None and faults.disabled:  # the worker logged why
             self._forget_disk_index()
             self.sweep()
-            return
-        lost = [key for key in dict.fromkeys(faults.lost_keys) if key in self.disk]
-        self._drop(lost, only_disk=True)
+        elif self.disk is not None:
+            lost = list(dict.fromkeys(faults.lost_keys))
+            indexed = [key for key in lost if key in self.disk]
+            self._drop(indexed, only_disk=True, purge=True)
+            if self.shared:  # another server's page that failed to read is gone for everyone too
+                self.view.forget(lost)
+                self._emit(MoveKind.DROP, keys=[key for key in lost if key not in indexed])
+        if faults.rejoined and self.disk is None:  # a store that answers again: empty, found as asked
+            self._open_disk(*self._disk_spec)
 
     def _forget_disk_index(self) -> None:
         """The whole disk index goes, without moves (a new directory, or a tier turned off): its
         pages are unlinked once the index no longer counts them as held."""
-        old, self.disk, self.disk_dir = self.disk, None, None
+        old, self.disk, self.view = self.disk, None, None
         for key in old.keys() if old is not None else []:
             self.links.left(key, old.parent(key))
 
@@ -181,9 +197,11 @@ class KVTiers:
             self.counters["cascade_dropped_pages"] += len(below)
             self._drop(below, cascaded=True)
 
-    def _drop(self, keys: list[str], only_disk: bool = False, cascaded: bool = False) -> None:
+    def _drop(self, keys: list[str], only_disk: bool = False, cascaded: bool = False, purge: bool = False) -> None:
         """keys leave the disk (their files go) and, unless only_disk, host memory; then whatever
-        they were the last holders of goes after them."""
+        they were the last holders of goes after them. A shared store's pages leave only the index
+        (other servers may read them; the store evicts on its own) unless purge (a namespace
+        forgotten, a page that failed to read)."""
         on_disk = [key for key in keys if self.disk is not None and key in self.disk]
         for key in keys if not only_disk else []:
             if key in self.host:
@@ -194,7 +212,7 @@ class KVTiers:
             parent = self.disk.parent(key)
             self.disk.discard(key)
             self.links.left(key, parent)
-        if on_disk:
+        if on_disk and (purge or not self.shared):
             self._emit(MoveKind.DROP, keys=on_disk)
         if not cascaded:
             self._cascade(keys)
@@ -247,6 +265,8 @@ class KVTiers:
                 self.host.put(key, slot, parent, start + i * self.page_size, self.page_size, hits, key in self.pinned)
                 self.links.entered(key, parent)
                 self._emit(MoveKind.D2H, [page], [slot])
+                if self.shared:  # on to the store at once, for the other servers
+                    self._to_disk(key, parent, start + i * self.page_size, MoveKind.H2DISK, slot, hits)
             parent = key
         if not write:
             self._cascade(keys)
@@ -294,7 +314,8 @@ class KVTiers:
                 return False
             vparent = self.disk.parent(victim)
             slot = self.disk.pop(victim)
-            self._emit(MoveKind.DROP, keys=[victim])
+            if not self.shared:
+                self._emit(MoveKind.DROP, keys=[victim])
             self.links.left(victim, vparent)
             self._cascade([victim])
             if not self._held(parent) and parent not in self._leaving:  # the victim was key's own earlier page
@@ -309,10 +330,12 @@ class KVTiers:
     # -- pages coming back ----------------------------------------------------
 
     def hits(self, keys: list[str]) -> int:
-        """How many of keys, from the first, a lower tier holds."""
+        """How many of keys, from the first, a lower tier holds (a shared store: whoever put them)."""
+        if self.view is not None:
+            self.view.prepare(keys)
         n = 0
         for key in keys:
-            if key not in self.host and not self._on_disk(key):
+            if key not in self.host and not self._on_disk(key) and not (self.shared and self.view.has(key)):
                 break
             n += 1
         return n
@@ -326,7 +349,7 @@ class KVTiers:
         removed behind our back leaves the index (with what only it reached), and its tokens are recomputed."""
         if self.disk is None or key not in self.disk:
             return False
-        if key in self._unwritten or exists(self.disk_dir / disk_page_name(key)):
+        if key in self._unwritten or self.view.has(key):
             return True
         self._drop([key], only_disk=True)
         return False
@@ -334,7 +357,10 @@ class KVTiers:
     def touch(self, keys: list[str]) -> None:
         """Make keys recently used (so allocating their device pages does not spill them first)."""
         for key in keys:
-            (self.host if key in self.host else self.disk).get(key)
+            if key in self.host:
+                self.host.get(key)
+            elif key in self.disk:  # else another server's page in a shared store
+                self.disk.get(key)
 
     def load(self, keys: list[str], device_pages: list[int]) -> TierLoad:
         """Copy keys' pages (all held: see hits) into device_pages; returns how many came from where."""
@@ -344,7 +370,8 @@ class KVTiers:
                 self._emit(MoveKind.H2D, [self.host.get(key, hit=True)], [page])
                 host += 1
             else:
-                self.disk.get(key, hit=True)
+                if key in self.disk:  # else another server's page in a shared store
+                    self.disk.get(key, hit=True)
                 self._emit(MoveKind.DISK2D, [], [page], [key])
                 disk += 1
         self.counters["host_hit_pages"] += host
@@ -382,7 +409,7 @@ class KVTiers:
         every rank); returns how many. Slots reserved by swapped requests stay theirs."""
         encoded = namespace.encoded
         keys = set(self.host.keys_of(encoded)) | set(self.disk.keys_of(encoded) if self.disk is not None else [])
-        self._drop(list(keys), cascaded=True)
+        self._drop(list(keys), cascaded=True, purge=True)
         return len(keys)
 
     def clear_host(self) -> None:
@@ -398,7 +425,7 @@ class KVTiers:
 
     def persist(self, device: list[tuple[str, str | None, int, int]]) -> None:
         """Write what the device pool (key, parent, start, page: parents first) and host memory cache to disk."""
-        if self.disk is None:
+        if self.disk is None or self.shared:  # a store's pages went there as they were cached
             return
         for key, parent, start, page in device:
             self._to_disk(key, parent, start, MoveKind.D2DISK, page)

@@ -95,7 +95,7 @@ class Scheduler:
         order = EvictionOrder(args.radix_eviction_policy, self.tier_costs.relative_recompute_cost)
         if worker.host_pages:
             tiers = KVTiers(worker.host_pages, args.enable_hierarchical_cache, worker.disk_dir, worker.disk_pages,
-                            worker.page_size, order, args.hicache_write_policy, self.tier_costs)
+                            worker.page_size, order, args.hicache_write_policy, self.tier_costs, args.mooncake)
         self.mem = KVMemory(worker.num_pages, worker.page_size, use_cache=not args.disable_radix_cache, tiers=tiers,
                             order=order, pinned_fraction=args.max_pinned_fraction,
                             pinned_namespace_fraction=args.max_pinned_namespace_fraction)

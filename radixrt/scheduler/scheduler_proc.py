@@ -103,8 +103,9 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
 
 def poll_ms(sched: Scheduler) -> int | None:
     """How long the loop may block for new messages: forever when idle, not at all with work
-    to run (or a spot check to run in idle time), a little while only grammars are compiling."""
-    if sched.waiting or sched.running or spot_check_due(sched):
+    to run (tier moves too: a store's other servers wait for the pages the last request cached,
+    or a spot check to run in idle time), a little while only grammars are compiling."""
+    if sched.waiting or sched.running or sched.mem.moves_pending or spot_check_due(sched):
         return 0
     return GRAMMAR_POLL_MS if sched.grammars else None
 

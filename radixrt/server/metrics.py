@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from radixrt.frontend.cache_findings import DIVERGENCE_BUCKETS
 from radixrt.frontend.cache_report import divergence_position
-from radixrt.frontend.req_state import STORAGE_BACKEND, ReqState, cached_tokens_details
+from radixrt.frontend.req_state import ReqState, cached_tokens_details
 from radixrt.messages import CachedTokensDetail, ReqOutput, SchedulerStats
 
 # SGLang's default buckets, with finer ones below them: a small model on a CPU answers in milliseconds
@@ -248,12 +248,13 @@ class _CacheReportCollector:
                                 value=rep["shared_prefix"]["hit_rate"])
 
 
-def cache_sources(hierarchical: bool, disk: bool) -> tuple[str, ...]:
+def cache_sources(hierarchical: bool, backend: str | None) -> tuple[str, ...]:
     """The cache_source values of sglang:cached_tokens_total a server reports (SGLang 0.5.9's):
-    "total" without the hierarchical cache; "device" and "host" with it, and "storage_file" with a disk tier."""
+    "total" without the hierarchical cache; "device" and "host" with it, and "storage_<backend>"
+    with a storage backend (file: the disk tier; mooncake)."""
     if not hierarchical:
         return ("total",)
-    return ("device", "host") + ((f"storage_{STORAGE_BACKEND}",) if disk else ())
+    return ("device", "host") + ((f"storage_{backend}",) if backend else ())
 
 
 def cached_by_source(cached: int, details: CachedTokensDetail | None) -> dict[str, int]:

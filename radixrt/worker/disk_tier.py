@@ -7,7 +7,9 @@ operation's outcome is noted in order; the ranks agree on them (ModelRunner.move
 failure on any rank is a failure on all, since each holds its own KV heads of the
 page), and settle() turns the agreed outcomes into DiskFaults for the scheduler. After
 max_errors failures in a row the tier turns itself off: later operations fail at once
-without touching the disk, and the scheduler stops sending them.
+without touching the disk, and the scheduler stops sending them. A tier whose files can
+come back (a store's master restarted: worker/store_pages.py) asks every RETRY_SECONDS and
+turns on again, empty.
 
 PageFiles is the one place that touches the files, so tests can wrap it to inject faults.
 """
@@ -19,6 +21,7 @@ import enum
 import errno
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, TypeVar
@@ -27,11 +30,14 @@ from radixrt.messages import DiskFaults, disk_page_name
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+RETRY_SECONDS = 5.0  # how often a tier that turned off asks whether its store is back
 
 
 class PageFiles:
     """The file operations of the disk tier. Writes go to a temporary name and are renamed
     into place, so a crash never leaves a half page readable; a failed write leaves nothing."""
+
+    label = "disk KV tier"  # what the log calls the tier these operations keep
 
     def write(self, path: Path, chunks: Iterable[bytes]) -> None:
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -50,6 +56,14 @@ class PageFiles:
 
     def remove(self, path: Path) -> None:
         path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """At shutdown (a store's client gives back the memory it lent)."""
+
+    def healthy(self) -> bool:
+        """Whether a tier that turned off may come back: a directory that failed stays off (a
+        store reconnects: worker/store_pages.py)."""
+        return False
 
 
 class Outcome(enum.IntEnum):
@@ -80,6 +94,7 @@ class DiskTier:
         self._ops: list[_Op] = []  # since the last settle()
         self._in_a_row = 0  # agreed failures since the last success
         self._faults = DiskFaults()  # since the last take_faults()
+        self._retry_at = 0.0  # when a tier that is off next asks its files whether they are back
 
     def path(self, key: str) -> Path:
         return self.dir / disk_page_name(key, self.rank)
@@ -90,6 +105,10 @@ class DiskTier:
     def read(self, key: str, page: int) -> bytes | None:
         """The page file's bytes for device page `page`; None if it cannot be read whole."""
         return self._attempt(key, page, lambda: self._read_whole(key))
+
+    def skip(self, key: str, page: int) -> None:
+        """A read not attempted (past its time: --hicache-storage-prefetch-policy timeout): its page is lost."""
+        self._ops.append(_Op(key, page, False, "", Outcome.SKIPPED))
 
     def drop(self, key: str) -> None:
         self._attempt(key, -1, lambda: self.files.remove(self.path(key)), drop=True)
@@ -124,8 +143,8 @@ class DiskTier:
         ops, self._ops = self._ops, []
         mine = [op.error for op in ops if op.error]
         if mine:
-            logger.warning("disk KV tier, rank %d: %d of %d page file operations failed (first: %s); those pages "
-                           "are recomputed", self.rank, len(mine), len(ops), mine[0])
+            logger.warning("%s, rank %d: %d of %d page operations failed (first: %s); those pages are recomputed",
+                           self.files.label, self.rank, len(mine), len(ops), mine[0])
         f = self._faults
         for op, outcome in zip(ops, agreed):
             if outcome == Outcome.DONE:
@@ -147,12 +166,25 @@ class DiskTier:
         self.enabled = False
         self._faults.disabled = True
         if self.rank == 0:
-            logger.error("the disk KV tier in %s is off: %s; its pages are recomputed from now on", self.dir, why)
+            logger.error("the %s in %s is off: %s; its pages are recomputed from now on", self.files.label, self.dir, why)
+
+    def rejoin(self) -> None:
+        """A tier that is off asks its files, at most every RETRY_SECONDS, whether they are back; if so
+        it is on again (empty: the scheduler starts a new index) and the scheduler is told."""
+        now = time.monotonic()
+        if self.enabled or now < self._retry_at:
+            return
+        self._retry_at = now + RETRY_SECONDS
+        if self.files.healthy():
+            self.enabled, self._in_a_row, self._faults.rejoined = True, 0, True
+            if self.rank == 0:
+                logger.warning("the %s in %s is back on", self.files.label, self.dir)
 
     def take_faults(self) -> DiskFaults | None:
         """What failed since the last call (None: nothing), for the scheduler."""
+        self.rejoin()
         f = self._faults
-        if not (f.lost_keys or f.lost_pages or f.errors or f.disabled):
+        if not (f.lost_keys or f.lost_pages or f.errors or f.disabled or f.rejoined):
             return None
         self._faults = DiskFaults()
         return f

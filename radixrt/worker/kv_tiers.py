@@ -23,7 +23,7 @@ import math
 import os
 import shutil
 import time
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Callable
 
 import torch
@@ -35,9 +35,11 @@ from radixrt.messages import DISK_PAGE_GLOB, DiskFaults, KVMove, MoveKind, MoveT
 from radixrt.utils.gguf_sidecar import gguf_source
 from radixrt.worker.disk_tier import DiskTier, PageFiles
 from radixrt.worker.kv_pool import available_host_bytes
+from radixrt.worker.store_pages import StorePages
 
 logger = logging.getLogger(__name__)
 DIGESTS_FILE = "weights-digests.json"  # in hicache_dir: file digests by path, size and mtime
+STORE_PREFIX = "radixrt"  # a Mooncake Store's keys: radixrt/<fingerprint>/<page key>.r<rank>.kv
 
 
 def digest_memo_dir(tiers: TierConfig) -> Path:
@@ -125,9 +127,11 @@ def plan_host_pages(tiers: TierConfig, num_pages: int, page_bytes: int, device: 
     return pages
 
 
-def prepare_disk_dir(tiers: TierConfig, fingerprint: str, page_bytes: int) -> tuple[Path, int]:
+def prepare_disk_dir(tiers: TierConfig, fingerprint: str, page_bytes: int) -> tuple[PurePath, int]:
     """The disk tier's directory for the weights of this fingerprint (checked writable, created) and
-    its capacity in pages."""
+    its capacity in pages. In a Mooncake Store: the keys' prefix, and the pages this server lends it."""
+    if tiers.mooncake is not None:
+        return PurePosixPath(STORE_PREFIX) / fingerprint, max(1, store_segment(tiers) // page_bytes)
     try:
         Path(tiers.hicache_dir).mkdir(parents=True, exist_ok=True)
         d = Path(tiers.hicache_dir) / fingerprint
@@ -147,12 +151,25 @@ def prepare_disk_dir(tiers: TierConfig, fingerprint: str, page_bytes: int) -> tu
     return d, max(1, int(size // (page_bytes * tiers.tp_size)))
 
 
+def store_segment(tiers: TierConfig) -> int:
+    """The bytes each rank lends the Mooncake Store (SGLang's: global_segment_size over the ranks)."""
+    assert tiers.mooncake is not None
+    return tiers.mooncake.global_segment_size // tiers.tp_size
+
+
+def page_files(tiers: TierConfig) -> PageFiles | None:
+    """What the disk tier's pages are kept by: the store's client, else files (None)."""
+    return StorePages(tiers.mooncake, store_segment(tiers)) if tiers.mooncake is not None else None
+
+
 class KVTierStore:
     """Host pages mirroring the device pool's buffers, a disk directory, and the copies."""
 
-    def __init__(self, cache: PagedKVCache, host_pages: int, disk_dir: Path | None, disk_pages: int, rank: int,
-                 max_disk_errors: int = 8, files: PageFiles | None = None) -> None:
+    def __init__(self, cache: PagedKVCache, host_pages: int, disk_dir: PurePath | None, disk_pages: int, rank: int,
+                 max_disk_errors: int = 8, files: PageFiles | None = None,
+                 prefetch_timeout: tuple[float, float] | None = None) -> None:
         self.cache = cache
+        self.prefetch_timeout = prefetch_timeout  # (seconds, per 1024 tokens) a disk load may take; None: no bound
         self.host_pages = host_pages
         self.device = cache.k[0].device
         pin = self.device.type == "cuda"
@@ -177,12 +194,17 @@ class KVTierStore:
 
     def describe(self) -> dict[str, int | str]:
         """The tiers' sizes, for the scheduler (WorkerReady fields); a disk tier that is off is none."""
-        on = self.disk is not None and self.disk.enabled
+        # a store that could not be reached at start is named all the same: it turns on when it answers
+        on = self.disk is not None and (self.disk.enabled or getattr(self.disk.files, "remote", False))
         return {"host_pages": self.host_pages, "disk_dir": str(self.disk.dir) if on else "",
                 "disk_pages": self.disk.capacity if on else 0}
 
     def take_faults(self) -> DiskFaults | None:
         return self.disk.take_faults() if self.disk is not None else None
+
+    def close(self) -> None:
+        if self.disk is not None:
+            self.disk.files.close()
 
     def take_times(self) -> list[MoveTime]:
         """Pages moved and seconds spent, per kind, since the last call."""
@@ -235,8 +257,12 @@ class KVTierStore:
     def _disk2d(self, m: KVMove) -> None:
         """A page that cannot be read is skipped: its device page keeps whatever it held, and the
         disk tier's faults tell the scheduler to recompute what reads it."""
-        disk = self._disk()
-        read = [(page, disk.read(key, page)) for key, page in zip(m.keys, m.dst)]
+        disk, deadline = self._disk(), math.inf
+        if self.prefetch_timeout is not None:  # pages not read in time are recomputed, as SGLang's timeout policy
+            base, per_ki = self.prefetch_timeout
+            deadline = time.perf_counter() + base + per_ki * len(m.dst) * self.cache.page_size / 1024
+        read = [(page, disk.read(key, page) if time.perf_counter() < deadline else disk.skip(key, page))
+                for key, page in zip(m.keys, m.dst)]
         self.files_to_device([data for _, data in read if data is not None],
                              [page for page, data in read if data is not None])
 

@@ -56,6 +56,7 @@ from radixrt.worker.kv_pool import plan_num_pages
 from radixrt.worker.kv_tiers import (
     KVTierStore,
     plan_host_pages,
+    page_files,
     prepare_disk_dir,
     weights_fingerprint,
 )
@@ -231,10 +232,17 @@ def tier_store(args: ServerArgs, rank: int, cache: PagedKVCache, bytes_per_token
     if not host_pages:
         return None
     disk_dir, disk_pages = None, 0
-    if tiers.hicache_dir is not None:
+    if tiers.hicache_dir is not None or tiers.mooncake is not None:
         disk_dir, disk_pages = prepare_disk_dir(tiers, fingerprint, page_bytes)
-    logger.info("host KV tier: %d pages%s", host_pages, f"; disk tier: {disk_pages} pages in {disk_dir}" if disk_dir else "")
-    return KVTierStore(cache, host_pages, disk_dir, disk_pages, rank, tiers.hicache_disk_max_errors)
+    where = f"the Mooncake store at {tiers.mooncake.master}, keys " if tiers.mooncake is not None else ""
+    logger.info("host KV tier: %d pages%s", host_pages,
+                f"; below it: {disk_pages} pages in {where}{disk_dir}" if disk_dir else "")
+    files = page_files(tiers)
+    store = KVTierStore(cache, host_pages, disk_dir, disk_pages, rank, tiers.hicache_disk_max_errors, files,
+                        tiers.prefetch_timeout)
+    if files is not None and store.disk is not None and files.store is None:  # no master now: off until it answers
+        store.disk.turn_off(f"the Mooncake master at {tiers.mooncake.master} cannot be reached")
+    return store
 
 
 def capture_decode_graphs(args: ServerArgs, model: torch.nn.Module, attn: AttentionBackend, device: torch.device,

@@ -5,6 +5,7 @@ share of a token's FLOPs its attention takes per position it attends (from the m
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import statistics
@@ -53,22 +54,24 @@ def _probe_disk(store: KVTierStore, ids: list[int]) -> float:
         return 0.0
     # named as a temporary file: should a crash leave one, the next start's scan of the tier removes it
     paths = [disk.dir / f".probe-{os.getpid()}-{i}.tmp" for i in ids]
+    local = not getattr(disk.files, "remote", False)  # a store's round trips are timed as they come
     try:
         for path, chunks in zip(paths, page_chunks([h[ids] for h in store.host])):
-            _write_through(path, chunks)
+            _write_through(path, chunks) if local else disk.files.write(path, chunks)
         times = []
         for _ in range(REPEATS):
-            for path in paths:
+            for path in paths if local else []:
                 _drop_cached(path)
             times.append(_timed_read(store, disk, paths, ids))
         return statistics.median(times) / len(ids)
     except OSError as e:
-        logger.warning("cannot time the disk KV tier in %s (%s): its loads are not weighed against recomputing",
-                       disk.dir, e)
+        logger.warning("cannot time the %s in %s (%s): its loads are not weighed against recomputing",
+                       disk.files.label, disk.dir, e)
         return 0.0
     finally:
         for path in paths:
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True) if local else disk.files.remove(path)
 
 
 def _timed_read(store: KVTierStore, disk: DiskTier, paths: list[Path], ids: list[int]) -> float:

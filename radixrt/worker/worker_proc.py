@@ -52,6 +52,8 @@ def run_worker(args: ServerArgs, addrs: Addresses, parent_pid: int, rank: int = 
             logging.error("worker %d lost the scheduler at %s; exiting", rank, e)
             raise SystemExit(1)
         if isinstance(msg, Shutdown):
+            if runner.tiers is not None:
+                runner.tiers.close()
             return
         if isinstance(msg, Connected):  # the scheduler's check that this channel is up
             continue
