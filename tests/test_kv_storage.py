@@ -10,12 +10,14 @@ import json
 from pathlib import PurePosixPath
 
 import pytest
+import torch
 from support.helpers import wait_for
 from support.mooncake import Master
 
 from radixrt import kv_storage
 from radixrt.cli_args import add_server_args, server_args_from
 from radixrt.config import ServerArgs
+from radixrt.kernels import PagedKVCache
 from radixrt.kv_storage import MooncakeSettings, parse_extra_config, parse_size
 from radixrt.launch.replicas import replica_args, server_flags
 from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_name
@@ -24,6 +26,7 @@ from radixrt.scheduler.disk_files import StoreView
 from radixrt.scheduler.kv_tiers import KVTiers
 from radixrt.worker import disk_tier
 from radixrt.worker.disk_tier import DiskTier
+from radixrt.worker.kv_tiers import KVTierStore
 from radixrt.worker.store_pages import HEADER, StorePages, pack_value, unpack_value
 
 GB = 2**30
@@ -284,3 +287,16 @@ def test_dp_size_replicas_are_configured_with_one_store():
                 for port in (4001, 4002)]
     assert [r.mooncake for r in replicas] == [args.mooncake] * 2 and args.mooncake.global_segment_size == 1 << 20
     assert {r.hicache_storage_prefetch_policy for r in replicas} == {"wait_complete"}
+
+
+def test_the_timeout_prefetch_policy_recomputes_what_is_not_read_in_time(tmp_path):
+    cache = PagedKVCache(2, 8, 2, 1, 4, torch.float32, torch.device("cpu"))
+    for b in cache.buffers:
+        b.copy_(torch.arange(b.numel()).reshape(b.shape) % 100)
+    for bound, lost in (((60.0, 0.0), []), ((0.0, 0.0), [4, 5])):  # SGLang's base + per 1024 tokens
+        store = KVTierStore(cache, 2, tmp_path, 8, 0, prefetch_timeout=bound)
+        store.run([KVMove(MoveKind.D2DISK, [0, 1], keys=["a", "b"])])
+        store.run([KVMove(MoveKind.DISK2D, [], [4, 5], ["a", "b"])])
+        store.disk.settle(store.disk.outcomes())
+        faults = store.take_faults()
+        assert (faults.lost_pages if faults else []) == lost and (faults.errors if faults else 0) == 0

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 L0 = {"radixrt", "radixrt.config", "radixrt.errors", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils",
       "radixrt.retention", "radixrt.stats", "radixrt.config_views", "radixrt.namespace", "radixrt.speculative",
       "radixrt.quant_settings", "radixrt.scheduling_settings", "radixrt.lora_settings", "radixrt.reasoning",
-      "radixrt.pooling", "radixrt.kv_settings"}
+      "radixrt.pooling", "radixrt.kv_settings", "radixrt.kv_storage"}
 # package -> radixrt packages it may import (besides itself)
 ALLOWED = {
     "radixrt.kernels": set(),
