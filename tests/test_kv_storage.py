@@ -300,3 +300,20 @@ def test_the_timeout_prefetch_policy_recomputes_what_is_not_read_in_time(tmp_pat
         store.disk.settle(store.disk.outcomes())
         faults = store.take_faults()
         assert (faults.lost_pages if faults else []) == lost and (faults.errors if faults else 0) == 0
+
+
+def test_a_missing_client_or_libibverbs_is_named(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+    for message, named in (("libibverbs.so.1: cannot open shared object file", "apt-get install libibverbs1"),
+                           ("No module named 'mooncake'", "pip install 'radixrt[mooncake]'")):
+        def fake(name, *a, message=message, **kw):
+            if name.startswith("mooncake"):
+                raise ImportError(message)
+            return real(name, *a, **kw)
+
+        monkeypatch.setattr(builtins, "__import__", fake)
+        with pytest.raises(ImportError, match=named.replace("[", r"\[").replace("]", r"\]")):
+            kv_storage.import_store()
+        monkeypatch.setattr(builtins, "__import__", real)
