@@ -12,7 +12,6 @@ import shutil
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import requests

@@ -9,7 +9,6 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
 
 from radixrt.kv_storage import Connector, MooncakeSettings
 from radixrt.messages import disk_page_key, disk_page_name

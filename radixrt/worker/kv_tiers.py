@@ -157,7 +157,7 @@ def store_segment(tiers: TierConfig) -> int:
     return tiers.mooncake.global_segment_size // tiers.tp_size
 
 
-def page_files(tiers: TierConfig) -> PageFiles | None:
+def tier_files(tiers: TierConfig) -> PageFiles | None:
     """What the disk tier's pages are kept by: the store's client, else files (None)."""
     return StorePages(tiers.mooncake, store_segment(tiers)) if tiers.mooncake is not None else None
 

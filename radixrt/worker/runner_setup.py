@@ -56,8 +56,8 @@ from radixrt.worker.kv_pool import plan_num_pages
 from radixrt.worker.kv_tiers import (
     KVTierStore,
     plan_host_pages,
-    page_files,
     prepare_disk_dir,
+    tier_files,
     weights_fingerprint,
 )
 from radixrt.worker.ranks import Ranks
@@ -237,7 +237,7 @@ def tier_store(args: ServerArgs, rank: int, cache: PagedKVCache, bytes_per_token
     where = f"the Mooncake store at {tiers.mooncake.master}, keys " if tiers.mooncake is not None else ""
     logger.info("host KV tier: %d pages%s", host_pages,
                 f"; below it: {disk_pages} pages in {where}{disk_dir}" if disk_dir else "")
-    files = page_files(tiers)
+    files = tier_files(tiers)
     store = KVTierStore(cache, host_pages, disk_dir, disk_pages, rank, tiers.hicache_disk_max_errors, files,
                         tiers.prefetch_timeout)
     if files is not None and store.disk is not None and files.store is None:  # no master now: off until it answers

@@ -14,7 +14,6 @@ reconnects, and DiskTier turns the tier on again when it answers (worker/disk_ti
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import socket
 import struct
@@ -24,8 +23,6 @@ from typing import Any, Iterable
 
 from radixrt.kv_storage import Connector, MooncakeSettings
 from radixrt.worker.disk_tier import PageFiles
-
-logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<4sIQ")  # magic, CRC-32 of the page, its length
 MAGIC = b"rxkv"

@@ -30,9 +30,7 @@ class Master:
 
     def close_clients(self) -> None:
         for c in self.opened:
-            for connector in (getattr(c, "connector", None),):
-                if connector is not None:
-                    connector.close()
+            c.connector.close()
         self.opened.clear()
 
     def start(self) -> Master:
