@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from radixrt.models import ModelConfig, load_model
-from radixrt.quant_settings import WeightScheme
+from radixrt.settings.quant import WeightScheme
 from radixrt.utils.gguf_sidecar import ensure_sidecar
 
 

@@ -118,7 +118,7 @@ def retention(policy: str, budget: int) -> dict[str, Any]:
 def max_pages(spec: dict[str, Any]) -> int:
     """The scheduler's bound on the request's page table under spec."""
     from radixrt.retention.policies import budget_for
-    from radixrt.retention.settings import Retention, RetentionIn
+    from radixrt.settings.retention import Retention, RetentionIn
 
     return budget_for(Retention().with_override(RetentionIn(**spec)), PAGE).max_pages
 

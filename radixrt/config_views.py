@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from radixrt.config import ServerArgs
-    from radixrt.kv_storage import MooncakeSettings
-    from radixrt.lora_settings import LoraServing
-    from radixrt.retention.settings import Retention
-    from radixrt.speculative.settings import SpecSettings
+    from radixrt.settings.hicache import MooncakeSettings
+    from radixrt.settings.lora import LoraServing
+    from radixrt.settings.retention import Retention
+    from radixrt.settings.speculative import SpecSettings
 
 V = TypeVar("V", bound="ConfigView")
 

@@ -160,7 +160,7 @@ class Engine:
     def encode(self, prompt: str | list[str] | list[int] | list[list[int]],
                dimensions: int | None = None) -> dict[str, Any] | list[dict[str, Any]]:
         """SGLang's Engine.encode: each prompt's (text or token ids) embedding and meta_info, as /encode
-        answers; the served model's pooling (radixrt/pooling.py). Bad input raises ValueError."""
+        answers; the served model's pooling (radixrt/settings/pooling.py). Bad input raises ValueError."""
         prompts, is_batch = embedding_prompts(prompt)
         pooler = self._manager.pooler
         pooler.check_dimensions(dimensions)

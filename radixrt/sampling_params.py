@@ -24,7 +24,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from radixrt.errors import RequestError, from_validation
-from radixrt.retention.settings import RetentionIn, parse_override
+from radixrt.settings.retention import RetentionIn, parse_override
 from radixrt.utils.stop_regex import nested_repeat
 
 # Below this temperature sampling is greedy (as SGLang does).
@@ -84,7 +84,7 @@ class SamplingParamsIn(msgspec.Struct, forbid_unknown_fields=True, omit_defaults
     stop_regex: Union[str, list[str], None] = None
     custom_params: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None  # token id (a decimal string) -> added to its logit
-    # radixrt's own: a bounded-KV retention policy for this request (radixrt/retention/settings.py)
+    # radixrt's own: a bounded-KV retention policy for this request (radixrt/settings/retention.py)
     kv_retention: Union[str, RetentionIn, None] = None
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from radixrt.cli_args import add_server_args, server_args_from
-from radixrt.config import ServerArgs
+from radixrt.config import FEATURES, ServerArgs
 
 
 @pytest.mark.parametrize(
@@ -50,3 +52,33 @@ def test_the_cli_spells_the_new_flags_as_sglang():
     assert args.enable_hierarchical_cache and args.hicache_size == 2.5 and args.hicache_dir == "/tmp/hc"
     assert args.preemption_mode == "swap" and args.disable_cuda_graph and args.cuda_graph_max_bs == 64
     assert (args.radix_eviction_policy, args.hicache_write_policy, args.max_pinned_fraction) == ("lfu", "write_back", 0.1)
+
+
+def test_each_setting_belongs_to_one_feature_with_its_check():
+    """radixrt/settings/: every ServerArgs field is declared by exactly one feature's settings, with
+    help text; each feature validates its own fields (check), and ServerArgs adds no field of its own."""
+    owners: dict[str, list[str]] = {}
+    for feature in FEATURES:
+        assert feature.__module__.startswith("radixrt.settings."), feature
+        assert "check" in vars(feature), f"{feature.__name__} has no check of its own"
+        for f in dataclasses.fields(feature):
+            owners.setdefault(f.name, []).append(feature.__name__)
+            assert f.metadata.get("help"), f"{feature.__name__}.{f.name} has no help text"
+    fields = [f.name for f in dataclasses.fields(ServerArgs)]
+    assert sorted(fields) == sorted(owners)
+    assert {name: o for name, o in owners.items() if len(o) > 1} == {}
+    assert fields[0] == "model_path"  # the CLI lists the model first
+
+
+@pytest.mark.parametrize("feature_name", ["HttpArgs", "KVArgs", "SchedulingArgs", "LoraArgs", "HiCacheArgs",
+                                          "SpeculativeArgs", "DistributedArgs"])
+def test_a_features_check_runs_on_its_own_settings(feature_name):
+    """Each feature's check raises for its own bad value, named, before ServerArgs' cross-feature rules."""
+    bad = {"HttpArgs": ("max_n", 0), "KVArgs": ("page_size", 0), "SchedulingArgs": ("max_prefill_tokens", 0),
+           "LoraArgs": ("max_loras_per_batch", 0), "HiCacheArgs": ("hicache_disk_max_errors", 0),
+           "SpeculativeArgs": ("speculative_algorithm", "EAGLE"), "DistributedArgs": ("dp_size", 0)}
+    feature = next(f for f in FEATURES if f.__name__ == feature_name)
+    name, value = bad[feature_name]
+    assert name in {f.name for f in dataclasses.fields(feature)}
+    with pytest.raises(ValueError, match=name if feature_name != "SpeculativeArgs" else "EAGLE"):
+        ServerArgs.from_kwargs(model_path="m", **{name: value})

@@ -190,7 +190,7 @@ def test_bounded_whitespace_ends_every_seeded_run_in_json(model_paths):
     no whitespace between JSON tokens running past the bound. With any whitespace allowed, 23 of
     the 30 pad with newlines until the budget ends."""
     import radixrt
-    from radixrt.config import JSON_MAX_WHITESPACE
+    from radixrt.settings.constrained import JSON_MAX_WHITESPACE
 
     params = [{"temperature": 1, "seed": s, "max_new_tokens": 200, "json_schema": json.dumps(BOUNDED)} for s in range(30)]
     with radixrt.Engine(model_path=str(model_paths["qwen2"]), page_size=16, max_total_tokens=30 * 256 + 1024) as e:

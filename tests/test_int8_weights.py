@@ -17,7 +17,7 @@ from radixrt.kernels.int8_ops import build_int8_ops
 
 from radixrt.models.checkpoint_quant import checkpoint_scheme, weight_scheme
 from radixrt.models.fp8_checkpoint import dequantize_fp8
-from radixrt.quant_settings import check_quantization_args
+from radixrt.settings.quant import check_quantization_args
 from radixrt.models.int8_linear import (
     CANDIDATES,
     INT8WO,

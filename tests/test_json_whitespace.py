@@ -11,7 +11,8 @@ import pytest
 from support.helpers import tokenizer
 from test_grammar import allowed_ids
 
-from radixrt.config import JSON_MAX_WHITESPACE, ServerArgs
+from radixrt.config import ServerArgs
+from radixrt.settings.constrained import JSON_MAX_WHITESPACE
 from radixrt.constrained.grammar import GrammarCompiler
 from radixrt.server.openai_api import JSON_OBJECT_SCHEMA
 

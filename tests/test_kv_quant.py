@@ -16,7 +16,7 @@ from support.helpers import corpus_prompts
 from radixrt.kernels import AttentionMetadata, LayerAttention, PagedKVCache, create_attention_backend
 from radixrt.kernels.torch_backend import TorchBackend
 from radixrt.kernels.kv_quant import KV_FORMATS, hadamard
-from radixrt.kv_settings import split_kv_dtype
+from radixrt.settings.kv import split_kv_dtype
 from support.kernels import attention_tolerance
 from support.oracle import naive_attention
 
@@ -182,7 +182,7 @@ def test_copy_slots_copies_values_with_their_scales(kv_dtype):
     ("int8:int4:auto", "K:V"),
 ])
 def test_a_kv_dtype_setting_that_cannot_be_served_is_refused_by_name(kv_dtype, words):
-    """The setting is refused before anything loads, saying what is wrong (radixrt/kv_settings.py)."""
+    """The setting is refused before anything loads, saying what is wrong (radixrt/settings/kv.py)."""
     with pytest.raises(ValueError, match=words):
         radixrt.Engine(model_path="unused", kv_cache_dtype=kv_dtype)
 
@@ -458,9 +458,9 @@ def test_only_fp8_takes_per_layer_scales(kv_dtype, layer_scaled):
 
 
 def test_the_settings_and_the_pool_name_the_same_formats():
-    """kv_settings.py (pure Python, for the config) and kv_quant.py (the pool) each hold the names and
+    """settings/kv.py (pure Python, for the config) and kv_quant.py (the pool) each hold the names and
     int4's group: they must agree."""
-    from radixrt import kv_settings
+    from radixrt.settings import kv as kv_settings
     from radixrt.kernels import kv_quant
 
     assert set(kv_settings.KV_FORMAT_NAMES) == set(kv_quant.KV_FORMATS)

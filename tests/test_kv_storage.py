@@ -18,12 +18,13 @@ from radixrt import kv_storage
 from radixrt.cli_args import add_server_args, server_args_from
 from radixrt.config import ServerArgs
 from radixrt.kernels import PagedKVCache
-from radixrt.kv_storage import MooncakeSettings, parse_extra_config, parse_size
 from radixrt.launch.replicas import replica_args, server_flags
 from radixrt.messages import DiskFaults, KVMove, MoveKind, disk_page_name
 from radixrt.scheduler import disk_files
 from radixrt.scheduler.disk_files import StoreView
 from radixrt.scheduler.kv_tiers import KVTiers
+from radixrt.settings import hicache
+from radixrt.settings.hicache import MooncakeSettings, parse_extra_config, parse_size
 from radixrt.worker import disk_tier
 from radixrt.worker.disk_tier import DiskTier
 from radixrt.worker.kv_tiers import KVTierStore
@@ -61,7 +62,7 @@ def test_mooncake_settings_come_from_the_extra_config_then_sglangs_file_then_the
                                                                                           "mlx5_0", "me")
     assert s.metadata_server == "P2PHANDSHAKE"  # SGLang's default
     (tmp_path / "mc.json").write_text(json.dumps({"master_server_address": "10.0.0.2:2", "protocol": "tcp"}))
-    s = MooncakeSettings.resolve({}, {**env, kv_storage.CONFIG_PATH_ENV: str(tmp_path / "mc.json")})
+    s = MooncakeSettings.resolve({}, {**env, hicache.CONFIG_PATH_ENV: str(tmp_path / "mc.json")})
     assert (s.master, s.protocol, s.global_segment_size) == ("10.0.0.2:2", "tcp", 4 * GB)  # the file, then defaults
     s = MooncakeSettings.resolve({"master_server_address": "10.0.0.3:3", "global_segment_size": 1 << 20}, env)
     assert (s.master, s.global_segment_size, s.protocol) == ("10.0.0.3:3", 1 << 20, "tcp")
@@ -75,10 +76,10 @@ def test_mooncake_settings_come_from_the_extra_config_then_sglangs_file_then_the
 
 
 def test_the_backend_flags_mean_what_sglang_means(monkeypatch):
-    monkeypatch.setenv(kv_storage.FILE_DIR_ENV, "/var/tmp/kv")
+    monkeypatch.setenv(hicache.FILE_DIR_ENV, "/var/tmp/kv")
     assert args(hicache_storage_backend="file").hicache_dir == "/var/tmp/kv"  # SGLang's HiCacheFile directory
     assert args(hicache_storage_backend="file", hicache_dir="/d").hicache_dir == "/d"
-    monkeypatch.delenv(kv_storage.FILE_DIR_ENV)
+    monkeypatch.delenv(hicache.FILE_DIR_ENV)
     assert args(hicache_storage_backend="file").hicache_dir == "/tmp/hicache"
     assert args(hicache_storage_backend="file").storage_backend == "file" and args().storage_backend is None
     monkeypatch.setenv("MOONCAKE_MASTER", "127.0.0.1:9")

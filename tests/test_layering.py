@@ -11,8 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 L0 = {"radixrt", "radixrt.config", "radixrt.errors", "radixrt.sampling_params", "radixrt.messages", "radixrt.ipc", "radixrt.utils",
       "radixrt.retention", "radixrt.stats", "radixrt.config_views", "radixrt.namespace", "radixrt.speculative",
-      "radixrt.quant_settings", "radixrt.scheduling_settings", "radixrt.lora_settings", "radixrt.reasoning",
-      "radixrt.pooling", "radixrt.kv_settings", "radixrt.kv_storage"}
+      "radixrt.settings", "radixrt.reasoning", "radixrt.kv_storage"}
 # package -> radixrt packages it may import (besides itself)
 ALLOWED = {
     "radixrt.kernels": set(),
@@ -29,7 +28,6 @@ ALLOWED = {
 COMPOSITION_ROOTS = {"radixrt.engine", "radixrt.server", "radixrt.launch", "radixrt.cli", "radixrt.launch_server",
                      "radixrt.ops"}
 PROCESS_MODULES = {"subprocess", "multiprocessing", "radixrt.launch"}  # what starting a process takes
-L0_FILES = {"config", "errors", "sampling_params", "messages", "ipc", "retention", "stats", "namespace", "pooling"}
 
 
 def package_of(path: Path) -> str:
@@ -121,13 +119,14 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node of the tree except those under `if TYPE_CHECKING:` (its else branch counts)."""
+def _runtime_nodes(tree: ast.AST, type_checking: bool = False):
+    """Every node of the tree except those under `if TYPE_CHECKING:` (its else branch counts),
+    unless type_checking, which keeps those too."""
     stack = [tree]
     while stack:
         node = stack.pop()
         yield node
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             stack.extend(node.orelse)
         else:
             stack.extend(ast.iter_child_nodes(node))
@@ -142,11 +141,12 @@ def _known(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-def module_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The modules of `modules` that module `name` (at `path`) imports at run time."""
+def module_imports(name: str, path: Path, modules: dict[str, Path], type_checking: bool = False) -> set[str]:
+    """The modules of `modules` that module `name` (at `path`) imports at run time (and for the
+    type checker too, with type_checking)."""
     package = name if path.stem == "__init__" else name.rpartition(".")[0]
     targets = set()
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text()), type_checking):
         if isinstance(node, ast.Import):
             targets |= {_known(a.name, modules) for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -159,9 +159,9 @@ def module_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return targets - {None, name}
 
 
-def import_graph(roots: list[Path], base: Path) -> dict[str, set[str]]:
+def import_graph(roots: list[Path], base: Path, type_checking: bool = False) -> dict[str, set[str]]:
     modules = {module_name(p, base): p for root in roots for p in root.rglob("*.py")}
-    return {name: module_imports(name, path, modules) for name, path in modules.items()}
+    return {name: module_imports(name, path, modules, type_checking) for name, path in modules.items()}
 
 
 def _cycle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
@@ -199,6 +199,13 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
+def test_no_import_cycles_for_the_type_checker_either():
+    """STYLE.md 17: shared types live in the lowest layer, not in `if TYPE_CHECKING:` imports that
+    close a loop (models/ had llama -> parallel -> lora -> llama, config had kv_storage)."""
+    cycles = find_cycles(import_graph([ROOT / "radixrt"], ROOT, type_checking=True))
+    assert not cycles, "import cycles through TYPE_CHECKING:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
 def test_cycle_checker_sees_function_local_imports_not_type_checking(tmp_path):
     files = {
         "__init__.py": "",
@@ -213,3 +220,6 @@ def test_cycle_checker_sees_function_local_imports_not_type_checking(tmp_path):
     graph = import_graph([tmp_path / "pkg"], tmp_path)
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.d"] == set()
     assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+    typed = import_graph([tmp_path / "pkg"], tmp_path, type_checking=True)
+    assert typed["pkg.d"] == {"pkg.c"}
+    assert sorted(map(sorted, find_cycles(typed))) == [["pkg.a", "pkg.a", "pkg.b"], ["pkg.c", "pkg.c", "pkg.d"]]

@@ -30,7 +30,7 @@ from test_sglang_fields import (  # the same reader of SGLang's source
     class_fields,
 )
 
-from radixrt.lora_settings import AdapterError, LoraRef, read_adapter
+from radixrt.settings.lora import AdapterError, LoraRef, read_adapter
 
 SERVED = "tiny-llama"
 # Short prompts as token ids (the tiny vocab has 1024): several, since one random adapter may

@@ -1,4 +1,4 @@
-"""Issue 37's bookkeeping without a model: the LoRA flags and adapter configs (lora_settings.py),
+"""Issue 37's bookkeeping without a model: the LoRA flags and adapter configs (radixrt/settings/lora.py),
 and the scheduler's registry and slots (scheduler/lora_slots.py): SGLang's refusals, the
 --max-loaded-loras unload of the least recently used adapter, the slot eviction policies, pinned
 adapters, and the per-step cap that makes adapters wait their turn without starving."""
@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from radixrt.config import ServerArgs
-from radixrt.lora_settings import (
+from radixrt.settings.lora import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     AdapterConfig,

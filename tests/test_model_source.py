@@ -17,7 +17,8 @@ from support.helpers import tokenizer
 from support.server_proc import running_server
 
 from radixrt.cli_args import add_server_args, server_args_from
-from radixrt.config import CHAT_TEMPLATE_NAMES, ServerArgs
+from radixrt.config import ServerArgs
+from radixrt.settings.chat import CHAT_TEMPLATE_NAMES
 from radixrt.frontend.sampling_defaults import model_sampling_defaults, with_defaults
 from radixrt.model_source import Hub, local_dir, resolve_model_source, tokenizer_gap
 from radixrt.models.dtype import resolve_dtype

@@ -1,7 +1,7 @@
 """Prefill-only requests without processes: the scheduler over a FakeWorker runs embeddings and
 scores in the same steps as decodes, adds "mean" up over prefill chunks, serves "last" from a
 cached prefix and runs "mean" / "cls" whole; and the pure pieces: the checkpoint's pooling
-(radixrt/pooling.py), the inputs' shapes and the answers' decoding (frontend/readout_calls.py),
+(radixrt/settings/pooling.py), the inputs' shapes and the answers' decoding (frontend/readout_calls.py),
 and the rerank helpers (frontend/rerank.py)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from radixrt.frontend.readout_calls import (
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.rerank import is_reranker_template, ranked, relevance
 from radixrt.messages import Readout, TokenizedRequest
-from radixrt.pooling import Pooler, load_pooler
+from radixrt.settings.pooling import Pooler, load_pooler
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.step import step
 

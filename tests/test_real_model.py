@@ -21,7 +21,8 @@ from radixrt.kernels import PagedKVCache
 from support.helpers import corpus_prompts, hf_logprobs, tokenizer
 
 import radixrt
-from radixrt.config import KV_QUANT_MIN_AGREEMENT, ServerArgs
+from radixrt.config import ServerArgs
+from radixrt.settings.kv import KV_QUANT_MIN_AGREEMENT
 from radixrt.worker.kv_calibration import (
     KVCalibrationError,
     calibration_prompts,

@@ -1,7 +1,7 @@
 """Int8 weights on the real model (SmolLM2-135M-Instruct, in float32): teacher-forced over the
 quantized-KV check's calibration prompts (prose, a number table, code), the top token of
 w8a8_int8 and int8wo agrees with the unquantized model's at least as often as the agreement
-floor that radixrt holds quantized KV to (config.KV_QUANT_MIN_AGREEMENT). In process: loading
+floor that radixrt holds quantized KV to (settings.kv.KV_QUANT_MIN_AGREEMENT). In process: loading
 the model three times costs seconds, three engines would cost tens."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 import torch
 from radixrt.kernels import PagedKVCache, create_attention_backend
 
-from radixrt.config import KV_QUANT_MIN_AGREEMENT
+from radixrt.settings.kv import KV_QUANT_MIN_AGREEMENT
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.int8_linear import choose_int8_kernel
 from radixrt.models.weight_quant import use_int8_kernel
 from radixrt.models.checkpoint_quant import weight_scheme
-from radixrt.quant_settings import WeightScheme
+from radixrt.settings.quant import WeightScheme
 from radixrt.worker.kv_calibration import (
     calibration_prompts,
     compare_logits,

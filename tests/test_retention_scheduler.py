@@ -16,7 +16,7 @@ from radixrt.errors import RequestError
 from radixrt.messages import TokenizedRequest
 from radixrt.retention.policies import budget_for
 from radixrt.retention.rules import RetentionRules
-from radixrt.retention.settings import (
+from radixrt.settings.retention import (
     Retention,
     RetentionIn,
     RetentionPolicy,

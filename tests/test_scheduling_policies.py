@@ -22,7 +22,7 @@ from radixrt.scheduler.req import Req
 from radixrt.scheduler.scheduler import Scheduler
 from radixrt.scheduler.step_budget import MIN_CHUNK, StepBudget, StepTokens
 from radixrt.scheduler.tenants import MAX_LABELS, OTHER, Tenants
-from radixrt.scheduling_settings import TenantSpec, load_api_keys
+from radixrt.settings.scheduling import TenantSpec, load_api_keys
 
 
 def _req(rid: str, rank: int = 0, tenant: str = "", arrived: float = 0.0, admitted: int = 0) -> Req:

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from radixrt.config import TOOL_CALL_PARSERS as CONFIG_PARSERS
+from radixrt.settings.chat import TOOL_CALL_PARSERS as CONFIG_PARSERS
 from radixrt.server.tool_calls import TOOL_CALL_PARSERS, StreamingToolParser, ToolCall
 
 W = ("get_weather", {"city": "Paris", "unit": "°C"})

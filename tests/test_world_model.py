@@ -19,7 +19,8 @@ from support.helpers import assert_pool_idle, hf_greedy, wait_idle
 from support.server_proc import running_server, server_info
 
 import radixrt
-from radixrt.config import KV_QUANT_MIN_AGREEMENT, ServerArgs
+from radixrt.config import ServerArgs
+from radixrt.settings.kv import KV_QUANT_MIN_AGREEMENT
 from radixrt.worker.kv_calibration import KVCalibrationError, compare_logits
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from radixrt.frontend.generate_input import GenerateInput, GenerateItem
 from radixrt.frontend.text_bound import TextBound
 from radixrt.messages import TokenizedRequest
 from radixrt.retention.rules import RetentionRules
-from radixrt.retention.settings import Retention
+from radixrt.settings.retention import Retention
 from radixrt.utils.stop_strings import StopStrings, StopStringsCache
 
 

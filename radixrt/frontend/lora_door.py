@@ -15,7 +15,7 @@ from typing import Any
 
 from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateInput
-from radixrt.lora_settings import (
+from radixrt.settings.lora import (
     NOT_ENABLED,
     NOT_LOADED,
     AdapterError,

@@ -15,7 +15,7 @@ from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateInput, GenerateItem, split_prompts
 from radixrt.frontend.req_state import ReqState, cached_tokens_details
 from radixrt.messages import Readout
-from radixrt.pooling import Pooler
+from radixrt.settings.pooling import Pooler
 from radixrt.sampling_params import SamplingParams
 
 Prompt = tuple[str | None, list[int] | None]  # (text, token ids): exactly one is given

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from radixrt.config import SAMPLING_DEFAULTS
+from radixrt.settings.chat import SAMPLING_DEFAULTS
 from radixrt.errors import RequestError
 from radixrt.sampling_params import SamplingParams, SamplingParamsIn
 

@@ -59,7 +59,7 @@ from radixrt.messages import (
     WorkerReady,
 )
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
-from radixrt.pooling import load_pooler
+from radixrt.settings.pooling import load_pooler
 from radixrt.retention.rules import RetentionRules
 from radixrt.sampling_params import SamplingParams
 from radixrt.utils.checkpoint_meta import incompatibility

@@ -2,7 +2,7 @@
 
 A format is one side's storage (K's, or V's): `auto` (the model's dtype as it is), fp8 (one
 scale per layer, kv_cache.py), int8 (one float32 scale per token and KV head) or int4; the
-setting's spelling (one format, or K:V) is radixrt/kv_settings.py's.
+setting's spelling (one format, or K:V) is radixrt/settings/kv.py's.
 
 int4 stores two values per byte (element 2i in the low nibble, 2i + 1 in the high one) and one
 float16 scale per group of INT4_GROUP elements of a token's head: in each group the element of
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 INT8_MAX = 127
 QUANTIZE_SOURCE = Path(__file__).parent / "csrc" / "kv_quantize.c"
-INT4_GROUP = 32  # elements of a token's head per float16 scale (radixrt/kv_settings.py names the same)
+INT4_GROUP = 32  # elements of a token's head per float16 scale (radixrt/settings/kv.py names the same)
 HADAMARD_MAX_BLOCK = 128
 
 
@@ -57,7 +57,7 @@ KV_FORMATS = {
 
 def split_formats(kv_dtype: str) -> tuple[KVFormat, KVFormat]:
     """kv_cache_dtype (one format, or K:V) -> K's and V's formats. The server checks the setting first
-    (radixrt/kv_settings.py: the names, fp8 not mixed); a pool built directly gets a ValueError here."""
+    (radixrt/settings/kv.py: the names, fp8 not mixed); a pool built directly gets a ValueError here."""
     names = kv_dtype.split(":")
     if not 1 <= len(names) <= 2 or any(n not in KV_FORMATS for n in names):
         raise ValueError(f"kv_cache_dtype formats are {', '.join(KV_FORMATS)} (or K:V of two); got {kv_dtype!r}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from radixrt.quant_settings import TORCHAO_SCHEMES, WeightScheme
+from radixrt.settings.quant import TORCHAO_SCHEMES, WeightScheme
 
 INT8_FORMATS = ("int-quantized", "naive-quantized")
 

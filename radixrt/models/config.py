@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from radixrt.kernels.backend import LayerAttention
 from radixrt.models.family_options import FAMILY_OPTIONS, HIDDEN_ACTS, SLIDING, refuse_nested, rope_spec
 from radixrt.models.rope import ROPE_TYPES
-from radixrt.pooling import classifier_labels
+from radixrt.settings.pooling import classifier_labels
 
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 

@@ -32,7 +32,7 @@ from radixrt.kernels import AttentionBackend
 from radixrt.kernels.fused_layers import ACTIVATIONS, TORCH_LAYERS, TorchLayers, load_fused_layers  # noqa: F401
 from radixrt.models.config import ModelConfig
 from radixrt.models.moe import SparseMoE, moe_tensor_suffix
-from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding
+from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding, rank_heads
 from radixrt.models.rope import RotaryEmbedding
 
 
@@ -56,17 +56,6 @@ class RMSNorm(nn.Module):
         if residual is None:
             return self(x), x
         return self.ops.add_rms_norm(x, residual, self.weight, self.eps, self.gemma)
-
-
-def rank_heads(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int, int, int]:
-    """(first q head, q heads, first kv head, kv heads) of this rank; KV heads are
-    replicated when there are fewer of them than ranks."""
-    q_start, q_count = tp.split(cfg.num_heads, "num_attention_heads")
-    if cfg.num_kv_heads >= tp.size:
-        kv_start, kv_count = tp.split(cfg.num_kv_heads, "num_key_value_heads")
-    else:
-        kv_start, kv_count = tp.rank * cfg.num_kv_heads // tp.size, 1
-    return q_start, q_count, kv_start, kv_count
 
 
 class Attention(nn.Module):

@@ -17,14 +17,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from radixrt.models.lora import LoraSite
+from radixrt.models.config import ModelConfig
+
+
+class LinearDelta(Protocol):
+    """What a linear layer adds to its own output (a LoRA site, models/lora.py, registers itself
+    on the layers from outside): add(x, y) adds its delta for inputs x to y in place."""
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,17 @@ class TPGroup:
         parts = [torch.empty_like(x) for _ in range(self.size)]
         torch.distributed.all_gather(parts, x.contiguous())
         return torch.cat(parts, dim=-1)
+
+
+def rank_heads(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int, int, int]:
+    """(first q head, q heads, first kv head, kv heads) of this rank; KV heads are
+    replicated when there are fewer of them than ranks."""
+    q_start, q_count = tp.split(cfg.num_heads, "num_attention_heads")
+    if cfg.num_kv_heads >= tp.size:
+        kv_start, kv_count = tp.split(cfg.num_kv_heads, "num_key_value_heads")
+    else:
+        kv_start, kv_count = tp.rank * cfg.num_kv_heads // tp.size, 1
+    return q_start, q_count, kv_start, kv_count
 
 
 def _linear(weight: torch.Tensor, packed: torch.Tensor | None, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -85,7 +102,7 @@ class ColumnParallelLinear(nn.Linear):
     # int8 the kernel that multiplies them (int8_linear.Int8Kernel).
     int8: Callable | None = None
     quant: Callable | None = None  # a layer held as a GGUF file's blocks: its product (gguf_weights.QuantLinear)
-    lora: LoraSite | None = None  # its LoRA adapters' slots (models/lora.py), under --enable-lora
+    lora: LinearDelta | None = None  # its LoRA adapters' slots (models/lora.py), under --enable-lora
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _product(self, x, self.bias)
@@ -102,7 +119,7 @@ class RowParallelLinear(nn.Module):
         self.packed: torch.Tensor | None = None  # as ColumnParallelLinear.packed
         self.int8: Callable | None = None  # as ColumnParallelLinear.int8
         self.quant: Callable | None = None  # as ColumnParallelLinear.quant
-        self.lora: LoraSite | None = None  # as ColumnParallelLinear.lora: its delta joins the partial sums
+        self.lora: LinearDelta | None = None  # as ColumnParallelLinear.lora: its delta joins the partial sums
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.tp.all_reduce(_product(self, x, None))

@@ -24,7 +24,7 @@ from radixrt.models.weight_quant import (
     quantize_linear_weights,
     without_zero_points,
 )
-from radixrt.quant_settings import WeightScheme
+from radixrt.settings.quant import WeightScheme
 
 UNQUANTIZED = WeightScheme("none", "unquantized")
 

@@ -55,8 +55,9 @@ from pathlib import Path
 
 import torch
 
-from radixrt.config import KV_CACHE_DTYPES, ServerArgs
-from radixrt.kv_settings import check_head_dim
+from radixrt.config import ServerArgs
+from radixrt.settings.kv import KV_FORMAT_NAMES as KV_CACHE_DTYPES
+from radixrt.settings.kv import check_head_dim
 from radixrt.launch_server import OneLineParser
 from radixrt.models.config import ModelConfig
 from radixrt.models.dtype import resolve_dtype

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from radixrt.retention.drop_plan import RetainedKV
 from radixrt.retention.policies import RetentionBudget
-from radixrt.retention.settings import RetentionPolicy
+from radixrt.settings.retention import RetentionPolicy
 
 
 class RetainedReq(Protocol):

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
-from radixrt.retention.settings import Retention, RetentionPolicy
+from radixrt.settings.retention import Retention, RetentionPolicy
 
 CHUNK_SHARE = 4  # a prefill chunk under a policy is at most 1/CHUNK_SHARE of its droppable pages
 

@@ -16,7 +16,7 @@ import math
 from radixrt.errors import RequestError
 from radixrt.messages import WorkerReady
 from radixrt.retention.policies import budget_for
-from radixrt.retention.settings import (
+from radixrt.settings.retention import (
     REQUEST_NAMES,
     SERVER_NAMES,
     Retention,

@@ -10,7 +10,8 @@ import math
 import time
 from pathlib import Path
 
-from radixrt.kv_storage import Connector, MooncakeSettings
+from radixrt.kv_storage import Connector
+from radixrt.settings.hicache import MooncakeSettings
 from radixrt.messages import disk_page_key, disk_page_name
 
 logger = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from pathlib import Path
 from radixrt.cache.eviction import EvictionOrder
 from radixrt.cache.tier_index import TierIndex, adoption_order, is_page_key
 from radixrt.cache.tier_links import TierLinks
-from radixrt.kv_storage import MooncakeSettings
+from radixrt.settings.hicache import MooncakeSettings
 from radixrt.messages import DiskFaults, KVMove, MoveKind
 from radixrt.scheduler.disk_files import FileView, StoreView
 from radixrt.namespace import CacheNamespace

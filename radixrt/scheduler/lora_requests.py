@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from radixrt.lora_settings import NOT_ENABLED, AdapterConfig
+from radixrt.settings.lora import NOT_ENABLED, AdapterConfig
 from radixrt.messages import (
     FinishReason,
     LoadLoraAdapter,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from radixrt.lora_settings import NOT_LOADED, AdapterConfig, LoraServing
+from radixrt.settings.lora import NOT_LOADED, AdapterConfig, LoraServing
 from radixrt.messages import (
     LoadLora,
     LoadLoraAdapter,

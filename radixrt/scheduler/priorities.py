@@ -1,4 +1,4 @@
-"""Priorities with SGLang's meaning (radixrt/scheduling_settings.py): a request's rank, the
+"""Priorities with SGLang's meaning (radixrt/settings/scheduling.py): a request's rank, the
 admission order they impose, and which running requests a waiting one may preempt.
 
 A rank is the priority turned into "larger goes first": the priority itself, its negation under
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from radixrt.messages import FinishReason
 from radixrt.scheduler.req import Req
-from radixrt.scheduling_settings import PRIORITY_DISABLED
+from radixrt.settings.scheduling import PRIORITY_DISABLED
 
 LEAST = -(1 << 63)  # the rank of a request without a priority
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from radixrt.messages import FinishReason
 from radixrt.scheduler.req import Req
-from radixrt.scheduling_settings import OUTRANKED, QUEUE_FULL, RUNNING_TIMEOUT, WAITING_TIMEOUT
+from radixrt.settings.scheduling import OUTRANKED, QUEUE_FULL, RUNNING_TIMEOUT, WAITING_TIMEOUT
 
 # why the scheduler refused or ended a request on its own (SchedulerStats.requests_rejected)
 REJECTIONS = ("queue_full", "outranked", "priority_disabled", "waiting_timeout", "running_timeout")

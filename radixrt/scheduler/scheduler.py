@@ -71,7 +71,7 @@ from radixrt.scheduler.stop import StopChecker
 from radixrt.scheduler.tenants import Tenants
 from radixrt.scheduler.tier_costs import TierCosts
 from radixrt.scheduler.weight_update import ABORTED_FOR_UPDATE, WeightUpdates
-from radixrt.scheduling_settings import tenant_table
+from radixrt.settings.scheduling import tenant_table
 
 logger = logging.getLogger(__name__)
 

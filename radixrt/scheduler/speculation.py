@@ -42,7 +42,7 @@ from radixrt.speculative.draft_tree import is_chain
 from radixrt.speculative.ngram_index import NgramIndex, SequenceLookup
 from radixrt.speculative.ngram_tree import propose_tree
 from radixrt.speculative.request_spec import RequestSpec
-from radixrt.speculative.settings import SpecSettings
+from radixrt.settings.speculative import SpecSettings
 
 INDEX_TOKENS_PER_STEP = 2048  # ~4 ms of indexing per step at most (and one sequence at least)
 UNSPECULATED = ("grammar", "logprobs", "penalties", "retention", "spot_check", "draft_kv")

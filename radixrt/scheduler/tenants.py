@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 from radixrt.messages import TokenizedRequest
 from radixrt.scheduler.req import Req
-from radixrt.scheduling_settings import TenantSpec
+from radixrt.settings.scheduling import TenantSpec
 
 MAX_LABELS = 16
 OTHER = "other"

@@ -16,7 +16,7 @@ from radixrt.config_views import HttpConfig
 from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import SALT_MAX_CHARS, cache_namespace
 from radixrt.namespace import CacheNamespace
-from radixrt.scheduling_settings import TenantSpec, load_api_keys
+from radixrt.settings.scheduling import TenantSpec, load_api_keys
 
 OPEN_PREFIXES = ("/health", "/metrics")  # probes and scrapers need no key (as in SGLang)
 ADMIN_PATHS = ("/abort_request", "/flush_cache", "/update_weights_from_disk",  # SGLang's ADMIN_OPTIONAL routes

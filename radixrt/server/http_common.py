@@ -19,7 +19,7 @@ from radixrt.config_views import HttpConfig
 from radixrt.frontend.generate_input import GenerateInput, GenerateRequest
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import TokenizerManager
-from radixrt.scheduling_settings import TenantSpec
+from radixrt.settings.scheduling import TenantSpec
 from radixrt.server.access import TenantKeys
 from radixrt.server.metrics import ServerMetrics
 from radixrt.server.schemas import decode_body

@@ -29,7 +29,7 @@ from fastapi.responses import Response
 from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.sampling_defaults import with_defaults
-from radixrt.lora_settings import split_model_name
+from radixrt.settings.lora import split_model_name
 from radixrt.reasoning import thinks
 from radixrt.sampling_params import SamplingParamsIn, refuse_unsupported
 from radixrt.server.chat_templates import named_template

@@ -38,7 +38,7 @@ from radixrt.frontend.rerank import (
 )
 from radixrt.messages import Readout
 from radixrt.sampling_params import refuse_unsupported
-from radixrt.scheduling_settings import TenantSpec
+from radixrt.settings.scheduling import TenantSpec
 from radixrt.server.chat_templates import named_template
 from radixrt.server.http_common import (
     ApiError,

@@ -27,7 +27,7 @@ from radixrt.config import ServerArgs
 from radixrt.kernels import AttentionBackend, AttentionMetadata, PagedKVCache
 from radixrt.messages import BatchEntry, ForwardBatch
 from radixrt.models.config import ModelConfig
-from radixrt.models.llama import rank_heads
+from radixrt.models.parallel import rank_heads
 from radixrt.worker.ranks import Ranks
 from radixrt.worker.runner_setup import attention_over, load_for_serving, model_shape
 

@@ -30,7 +30,7 @@ import torch
 
 from radixrt.config_views import TierConfig
 from radixrt.kernels import PagedKVCache
-from radixrt.kv_settings import rotates_keys
+from radixrt.settings.kv import rotates_keys
 from radixrt.messages import DISK_PAGE_GLOB, DiskFaults, KVMove, MoveKind, MoveTime
 from radixrt.utils.gguf_sidecar import gguf_source
 from radixrt.worker.disk_tier import DiskTier, PageFiles

@@ -21,7 +21,8 @@ import zlib
 from pathlib import PurePath
 from typing import Any, Iterable
 
-from radixrt.kv_storage import Connector, MooncakeSettings
+from radixrt.kv_storage import Connector
+from radixrt.settings.hicache import MooncakeSettings
 from radixrt.worker.disk_tier import PageFiles
 
 HEADER = struct.Struct("<4sIQ")  # magic, CRC-32 of the page, its length

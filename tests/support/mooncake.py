@@ -59,6 +59,7 @@ class Master:
 
     def client(self):
         """A client of this master that lends the store nothing (to look at and damage values)."""
-        from radixrt.kv_storage import MooncakeSettings, connect
+        from radixrt.kv_storage import connect
+        from radixrt.settings.hicache import MooncakeSettings
 
         return connect(MooncakeSettings.resolve({"master_server_address": self.address}), 16 << 20)

@@ -64,7 +64,7 @@
 
 enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_INT4 = 2, KIND_INT8 = 3 };
 #define QUANTIZED(kind) ((kind) >= KIND_INT4) /* rows dequantized in the kernel, with their scales (quant_rows.h) */
-#define INT4_GROUP 32 /* elements of a token's head per float16 scale (radixrt/kv_settings.py) */
+#define INT4_GROUP 32 /* elements of a token's head per float16 scale (radixrt/settings/kv.py) */
 
 #include "simd.h"
 

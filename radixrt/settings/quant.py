@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixrt.settings.fields import arg
+
 # SGLang 0.5.9's QUANTIZATION_CHOICES; the ones radixrt runs are SUPPORTED_QUANTIZATION.
 SGLANG_QUANTIZATION = (
     "awq", "fp8", "mxfp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf", "modelopt",
@@ -65,3 +67,20 @@ def check_quantization_args(quantization: str | None, torchao_config: str, load_
                          "weights: give one")
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
+
+
+@dataclass(frozen=True)
+class QuantArgs:
+    quantization: str | None = arg(
+        None, "weight quantization (SGLang's names): w8a8_int8 (int8 weights and per-token int8 activations; an "
+        "unquantized checkpoint is quantized at load), compressed-tensors or fp8 (pre-quantized checkpoints, also "
+        "read from config.json's quantization_config), gguf (a GGUF file); others are refused"
+    )
+    torchao_config: str = arg(
+        "", "SGLang's torchao option, computed by radixrt's own kernels: int8wo (int8 weights, activations in the "
+        "model dtype), int8dq (as w8a8_int8) or int4wo-<group> (4-bit weights per 32, 64, 128 or 256 inputs; CPU, one rank)"
+    )
+    load_format: str = arg("auto", "auto (safetensors, or GGUF for a .gguf model_path), safetensors or gguf")
+
+    def check(self) -> None:
+        check_quantization_args(self.quantization, self.torchao_config, self.load_format)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from radixrt.settings.fields import arg
+
 POOLING_TYPES = {"LAST": "last", "MEAN": "mean", "CLS": "cls"}  # vLLM's names -> messages.Readout kinds
 _ST_MODES = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
 _ST_OTHER_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
@@ -125,6 +127,18 @@ def _json(path: Path) -> Any:
         raise ValueError(f"cannot read {path}: {e}") from None
 
 
-def check_pooler_config(text: str) -> None:
-    """ValueError when --pooler-config cannot be read (checked with the other arguments)."""
-    _override(text, "last", True)
+@dataclass(frozen=True)
+class PoolingArgs:
+    is_embedding: bool = arg(
+        False, "serve embeddings only (SGLang's): /encode, /v1/embeddings and a cross-encoder's /v1/rerank answer, the "
+        "generating routes refuse; without it the server generates and serves embeddings, scores and reranking too"
+    )
+    pooler_config: str | None = arg(
+        None, "vLLM's pooler override, JSON: {\"pooling_type\": \"LAST\" | \"MEAN\" | \"CLS\", \"normalize\": bool}; "
+        "default: the checkpoint's sentence-transformers modules, else the last token, normalized"
+    )
+
+    def check(self) -> None:
+        """ValueError when --pooler-config cannot be read."""
+        if self.pooler_config is not None:
+            _override(self.pooler_config, "last", True)

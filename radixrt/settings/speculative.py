@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+
+from radixrt.settings.fields import arg
 
 ALGORITHMS = ("NGRAM", "STANDALONE")
 REFUSED_ALGORITHMS = {
@@ -90,7 +91,62 @@ class SpecSettings:
         return max(self.num_draft_tokens - 1, 0)
 
 
-def spec_settings(a: Any) -> SpecSettings:
+@dataclass(frozen=True)
+class SpeculativeArgs:
+    speculative_algorithm: str | None = arg(
+        None, "speculative decoding: NGRAM (drafts from the request's own text and the text cached in its namespace) "
+        "or STANDALONE (a small draft model); EAGLE, EAGLE3 and NEXTN are refused (no EAGLE heads)"
+    )
+    speculative_draft_model_path: str | None = arg(
+        None, "STANDALONE: the draft model's checkpoint directory (it must share the target's tokenizer)"
+    )
+    speculative_draft_model_revision: str | None = arg(None, "SGLang's; refused when set (the draft is a local directory)")
+    speculative_draft_load_format: str | None = arg(None, "SGLang's; refused when set")
+    speculative_num_steps: int | None = arg(
+        None, "STANDALONE: draft tokens proposed per request and step at most (default 3)"
+    )
+    speculative_eagle_topk: int | None = arg(None, "SGLang's; only 1 (a chain) is accepted")
+    speculative_num_draft_tokens: int | None = arg(
+        None, "tokens verified per request and step at most, the last accepted one included (NGRAM default 8; "
+        "STANDALONE: num_steps + 1); the scheduler picks each request's draft length up to it"
+    )
+    speculative_accept_threshold_single: float = arg(1.0, "SGLang's relaxed acceptance; only 1.0 (exact) is accepted")
+    speculative_accept_threshold_acc: float = arg(1.0, "SGLang's relaxed acceptance; only 1.0 (exact) is accepted")
+    speculative_token_map: str | None = arg(None, "SGLang's EAGLE token map; refused when set")
+    speculative_attention_mode: str = arg("prefill", "SGLang's; drafts are verified as an extend step (prefill)")
+    speculative_draft_attention_backend: str | None = arg(None, "SGLang's; refused when set (the target's backend runs)")
+    speculative_moe_runner_backend: str | None = arg(None, "SGLang's; refused when set")
+    speculative_moe_a2a_backend: str | None = arg(None, "SGLang's; refused when set")
+    speculative_draft_model_quantization: str | None = arg(None, "SGLang's; refused when set")
+    speculative_draft_policy: str = arg(
+        "adaptive", "radixrt's: adaptive (each request's draft length per step from measured acceptance and step "
+        "cost, none where drafts would not pay) or max (always the most num_draft_tokens allows: SGLang's behavior)"
+    )
+    speculative_ngram_min_match_window_size: int = arg(1, "NGRAM: the shortest suffix of the text matched")
+    speculative_ngram_max_match_window_size: int = arg(12, "NGRAM: the longest suffix of the text matched")
+    speculative_ngram_min_bfs_breadth: int = arg(
+        1, "NGRAM, BFS: the draft tree's breadth at the longest match (each level narrows toward 1)")
+    speculative_ngram_max_bfs_breadth: int = arg(
+        1, "NGRAM: the draft tree's breadth at the shortest match (BFS), or the continuations each node offers "
+        "(PROB); 1 drafts chains")
+    speculative_ngram_match_type: str = arg(
+        "BFS", "NGRAM: which continuations of a matched n-gram are drafted: BFS (the most recent first, breadth-first) "
+        "or PROB (the most probable branches, by frequency)"
+    )
+    speculative_ngram_branch_length: int = arg(18, "NGRAM: tokens indexed after each n-gram")
+    speculative_ngram_capacity: int = arg(
+        1_000_000, "NGRAM: entries the index over cached text holds at most (least recently used ones go first)"
+    )
+
+    def check(self) -> None:
+        spec_settings(self)  # ValueError naming the flag
+
+    @property
+    def speculative(self) -> SpecSettings:
+        return spec_settings(self)
+
+
+def spec_settings(a: SpeculativeArgs) -> SpecSettings:
     """The settings of ServerArgs `a`; ValueError naming the flag that cannot apply."""
     algo = a.speculative_algorithm
     if algo is None:
@@ -108,7 +164,7 @@ def spec_settings(a: Any) -> SpecSettings:
     return settings.with_policy(a.speculative_draft_policy)
 
 
-def _standalone(a: Any) -> SpecSettings:
+def _standalone(a: SpeculativeArgs) -> SpecSettings:
     if not a.speculative_draft_model_path:
         raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
     if a.speculative_eagle_topk not in (None, 1):
@@ -124,7 +180,7 @@ def _standalone(a: Any) -> SpecSettings:
     return SpecSettings("STANDALONE", tokens, a.speculative_draft_model_path)
 
 
-def _ngram(a: Any) -> SpecSettings:
+def _ngram(a: SpeculativeArgs) -> SpecSettings:
     if a.speculative_draft_model_path is not None:
         raise ValueError("speculative_draft_model_path is for STANDALONE; NGRAM drafts without a model")
     tokens = a.speculative_num_draft_tokens if a.speculative_num_draft_tokens is not None else DEFAULT_NGRAM_DRAFT_TOKENS

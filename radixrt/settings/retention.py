@@ -18,11 +18,13 @@ field (`parse_override`) and resolves it against the server and its worker once
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Annotated
 
 import msgspec
 
 from radixrt.errors import RequestError, from_validation
+from radixrt.settings.fields import arg
 
 
 class RetentionPolicy(enum.Enum):
@@ -92,6 +94,29 @@ def server_settings(policy: str, sink_tokens: int, window_tokens: int, heavy_rat
     if why is not None:
         raise ValueError(why)
     return Retention().with_override(given)
+
+
+@dataclass(frozen=True)
+class RetentionArgs:
+    kv_retention: str = arg(
+        "none", "bounded KV per request: none (keep every token), sink_window (the first kv_sink_tokens and the last "
+        "kv_window_tokens, StreamingLLM) or heavy_hitter (the last kv_window_tokens and the pages that drew the most "
+        "attention, H2O); a request under a policy may generate past the context length. Requests may override it "
+        "(sampling_params.kv_retention)"
+    )
+    kv_sink_tokens: int = arg(4, "sink_window: leading tokens always kept (rounded up to whole pages)")
+    kv_window_tokens: int = arg(1024, "sink_window and heavy_hitter: the most recent tokens kept")
+    kv_heavy_ratio: float = arg(
+        0.2, "heavy_hitter: heavy-hitter tokens kept beyond the window, as a fraction of kv_window_tokens (H2O's 0.2)"
+    )
+
+    def check(self) -> None:
+        _ = self.retention  # ValueError naming the flag
+
+    @property
+    def retention(self) -> Retention:
+        """The server's retention settings (requests may override them)."""
+        return server_settings(self.kv_retention, self.kv_sink_tokens, self.kv_window_tokens, self.kv_heavy_ratio)
 
 
 def parse_override(value: str | dict | RetentionIn | None) -> RetentionIn | None:

@@ -15,9 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+
+from radixrt.settings.fields import arg
 
 # the fused layers LoRA can add to, in the order the model runs them
 LORA_SITES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -211,35 +214,62 @@ class LoraServing(msgspec.Struct, frozen=True):
                    args.max_loaded_loras, args.lora_eviction_policy)
 
 
-def check_lora_args(args) -> None:
-    """SGLang's checks of the LoRA flags (check_lora_server_args), as ValueErrors, and radixrt's
-    refusals of what it does not combine with LoRA."""
-    if args.max_loras_per_batch <= 0:
-        raise ValueError("max_loras_per_batch must be positive")
-    if args.lora_eviction_policy not in EVICTION_POLICIES:
-        raise ValueError(f"lora_eviction_policy must be one of {EVICTION_POLICIES}, got {args.lora_eviction_policy!r}")
-    if args.lora_backend not in LORA_BACKENDS:
-        raise ValueError(f"lora_backend must be one of {LORA_BACKENDS}, got {args.lora_backend!r}")
-    if not args.enable_lora:
-        return
-    modules = args.lora_target_modules or []
-    if "all" in modules and len(modules) > 1:
-        raise ValueError("If 'all' is specified in --lora-target-modules, it should be the only module specified.")
-    if not args.lora_paths and (args.max_lora_rank is None or not modules):
-        raise ValueError("When no initial --lora-paths is provided, you need to specify both --max-lora-rank and "
-                         "--lora-target-modules for LoRA initialization.")
-    if args.max_lora_rank is not None and args.max_lora_rank < 1:
-        raise ValueError(f"max_lora_rank must be >= 1, got {args.max_lora_rank}")
-    loaded = args.max_loaded_loras
-    if loaded is not None and loaded < args.max_loras_per_batch:
-        raise ValueError("max_loaded_loras should be greater than or equal to max_loras_per_batch. "
-                         f"max_loaded_loras={loaded}, max_loras_per_batch={args.max_loras_per_batch}")
-    if loaded is not None and len(args.lora_paths or []) > loaded:
-        raise ValueError("The number of LoRA paths should not exceed max_loaded_loras. "
-                         f"max_loaded_loras={loaded}, lora_paths={len(args.lora_paths)}")
-    refused = {"speculative_algorithm": "speculative decoding", "quantization": "a quantized base model"}
-    for flag, what in refused.items():
-        if getattr(args, flag):
-            raise ValueError(f"--enable-lora cannot be combined with {what} (--{flag.replace('_', '-')} "
-                             f"{getattr(args, flag)}): radixrt's LoRA adds to full-precision base layers only, "
-                             "and its drafts would not see the adapter")
+@dataclass(frozen=True)
+class LoraArgs:
+    enable_lora: bool = arg(False, "serve LoRA adapters (set by --lora-paths): docs/lora.md")
+    lora_paths: list[str] | None = arg(
+        None, "adapters served from the start: NAME=PATH, PATH (named by its path) or JSON "
+        '{"lora_name": ..., "lora_path": ..., "pinned": false}; PATH is a PEFT checkpoint directory'
+    )
+    max_lora_rank: int | None = arg(None, "the largest adapter rank the slots hold (default: the largest of --lora-paths)")
+    lora_target_modules: list[str] | None = arg(
+        None, "the modules adapters may add to: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj qkv_proj "
+        "gate_up_proj, or all (default: those of --lora-paths)"
+    )
+    max_loras_per_batch: int = arg(
+        8, "adapter slots in the model: the distinct adapters one step runs at most (the base model not counted)"
+    )
+    max_loaded_loras: int | None = arg(
+        None, "adapters registered at most; loading one more unloads the least recently used unpinned one "
+        "(default: no limit)"
+    )
+    lora_eviction_policy: str = arg("lru", "which idle unpinned adapter leaves its slot for another: lru or fifo")
+    lora_backend: str = arg(
+        "csgmv", "SGLang's LoRA kernels (triton, csgmv, ascend, torch_native): every choice runs radixrt's grouped "
+        "torch matmuls"
+    )
+
+    def check(self) -> None:
+        """SGLang's checks of the LoRA flags (check_lora_server_args), as ValueErrors. As in SGLang,
+        --lora-paths turns LoRA on."""
+        if self.lora_paths and not self.enable_lora:
+            object.__setattr__(self, "enable_lora", True)
+        if self.max_loras_per_batch <= 0:
+            raise ValueError("max_loras_per_batch must be positive")
+        if self.lora_eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"lora_eviction_policy must be one of {EVICTION_POLICIES}, got {self.lora_eviction_policy!r}")
+        if self.lora_backend not in LORA_BACKENDS:
+            raise ValueError(f"lora_backend must be one of {LORA_BACKENDS}, got {self.lora_backend!r}")
+        if not self.enable_lora:
+            return
+        modules = self.lora_target_modules or []
+        if "all" in modules and len(modules) > 1:
+            raise ValueError("If 'all' is specified in --lora-target-modules, it should be the only module specified.")
+        if not self.lora_paths and (self.max_lora_rank is None or not modules):
+            raise ValueError("When no initial --lora-paths is provided, you need to specify both --max-lora-rank and "
+                             "--lora-target-modules for LoRA initialization.")
+        if self.max_lora_rank is not None and self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        loaded = self.max_loaded_loras
+        if loaded is not None and loaded < self.max_loras_per_batch:
+            raise ValueError("max_loaded_loras should be greater than or equal to max_loras_per_batch. "
+                             f"max_loaded_loras={loaded}, max_loras_per_batch={self.max_loras_per_batch}")
+        if loaded is not None and len(self.lora_paths or []) > loaded:
+            raise ValueError("The number of LoRA paths should not exceed max_loaded_loras. "
+                             f"max_loaded_loras={loaded}, lora_paths={len(self.lora_paths)}")
+
+    @property
+    def lora(self) -> LoraServing | None:
+        """The LoRA pool (None without --enable-lora), from the start-up adapters' configs (read
+        and hashed on each call: the processes call it once, at start)."""
+        return LoraServing.of(self)
