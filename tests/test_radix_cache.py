@@ -118,7 +118,7 @@ class RadixMachine(RuleBasedStateMachine):
             pins = sum(1 for node, _ in self.locks if _on_path(x, node))
             assert x.lock_ref == pins
         leaves = {x.id for x in all_nodes if x.is_leaf and x.lock_ref == 0}
-        assert {x.id for x in self.cache._leaves} == leaves
+        assert {x.id for x in self.cache._book.leaves} == leaves
         walked = list(self.cache.sequences())  # every node once, parents first, with its whole sequence
         assert sorted(x.id for _, _, x in walked) == sorted(x.id for x in all_nodes)
         for _, tokens, x in walked:

@@ -7,8 +7,10 @@ later request can copy its slots (copy-on-write) instead of recomputing them.
 
 Ownership: pages inside the tree belong to the tree. A running request pins
 its path with lock(node); eviction frees least-recently-used *unlocked leaves*
-first, kept in a SortedList by last access so nothing scans the tree. A node
+first, kept in a SortedList by last access so nothing scans the tree (the
+EvictionBook, eviction_book.py, keeps that order and the owners' quotas). A node
 whose subtree is unlocked is evictable; its pages count in evictable_pages.
+How a query's tokens meet the edges page by page is PageEdges' (page_edges.py).
 
 Namespaces (opaque hashable values: the runtime's CacheNamespace) each get
 their own root: requests in different namespaces never share pages. The contract it keeps with its callers
@@ -18,10 +20,11 @@ is PrefixCache (prefix_cache.py).
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Hashable, Iterator
+from typing import Callable, Hashable, Iterable, Iterator
 
 from radixrt.cache.eviction import EvictionOrder, Stamp
-from radixrt.cache.leaf_order import LeafOrder
+from radixrt.cache.eviction_book import EvictionBook
+from radixrt.cache.page_edges import PageEdges
 from radixrt.cache.prefix_cache import InsertResult, MatchResult, Node
 
 
@@ -29,14 +32,12 @@ class RadixCache:
     def __init__(self, page_size: int, order: EvictionOrder | None = None) -> None:
         self.page_size = page_size
         self.order = order or EvictionOrder()
+        self._book = EvictionBook(self.order)  # the evictable leaves in order, owners and quotas
+        self._edges = PageEdges(page_size)
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
         self.roots: dict[Hashable, Node] = {}
         self._namespace_of: dict[int, Hashable] = {}  # root id -> namespace
-        # evictable leaves, first to go first: unpinned before pinned, then in the policy's order
-        self._leaves = LeafOrder(key=lambda n: (n.pinned, self.order.key(n.stamp), n.id))
-        self._quota: Callable[[Hashable], int | None] | None = None  # set_quotas
-        self._owner_pages: dict[Hashable, int] = {}
         self.by_key: dict[str, Node] = {}  # content key of a full page (insert's keys) -> its node
         self.total_pages = 0
         self.evictable_pages = 0  # pages of nodes with lock_ref == 0
@@ -72,7 +73,7 @@ class RadixCache:
         """The longest cached page-aligned prefix of tokens, plus a partial next page
         (what it mutates and how long the result is valid: see PrefixCache)."""
         node, pos, pages = self._descend(self.root(namespace), tokens, next(self._clock) if touch else None, hit=True)
-        partial_page, partial_len = self._best_partial(node, tokens[pos : pos + self.page_size])
+        partial_page, partial_len = self._edges.best_partial(node, tokens[pos : pos + self.page_size])
         return MatchResult(pages, node, self.page_size, partial_page, partial_len)
 
     def _descend(self, node: Node, tokens: list[int], now: int | None, hit: bool = False) -> tuple[Node, int, list[int]]:
@@ -80,38 +81,15 @@ class RadixCache:
         node where the match ends inside its edge; touch the path at `now` unless None (a hit:
         a request reads it). Returns the deepest node reached, the tokens matched and their pages."""
         pos, pages = 0, []
-        while (child := self._full_child(node, tokens, pos)) is not None:
-            k = self._equal_pages(child.key, tokens, pos)
+        while (child := self._edges.full_child(node, tokens, pos)) is not None:
+            k = self._edges.equal_pages(child.key, tokens, pos)
             if k < len(child.pages):
                 child = self._split(child, k)
             if now is not None:
-                self._touch(child, now, hit)
+                self._book.touch(child, now, hit)
             pages += child.pages
             node, pos = child, pos + len(child.key)
         return node, pos, pages
-
-    def _full_child(self, node: Node, tokens: list[int], pos: int) -> Node | None:
-        ps = self.page_size
-        if pos + ps > len(tokens):
-            return None
-        return node.children.get(tuple(tokens[pos : pos + ps]))
-
-    def _equal_pages(self, key: list[int], tokens: list[int], pos: int) -> int:
-        """How many whole pages of key equal tokens from pos (the first is known to)."""
-        ps, k = self.page_size, 1
-        while (k + 1) * ps <= len(key) and key[k * ps : (k + 1) * ps] == tokens[pos + k * ps : pos + (k + 1) * ps]:
-            k += 1
-        return k
-
-    def _best_partial(self, node: Node, nxt: list[int]) -> tuple[int | None, int]:
-        """The child page sharing the longest prefix with nxt (the query's next, incomplete page)."""
-        best_page, best = None, 0
-        # A whole page cannot match here (match_prefix would have descended), so n < page_size.
-        for child in node.children.values():
-            n = _common_len(child.key, nxt)
-            if n > best:
-                best_page, best = child.pages[0], n
-        return best_page, best
 
     # -- insertion -------------------------------------------------------------
 
@@ -154,16 +132,12 @@ class RadixCache:
                    keys: list[str] = ()) -> Node:
         node = Node(key, pages, parent, id=next(self._ids), start=parent.start + len(parent.key), keys=list(keys),
                     owner=owner)
-        self._owner_pages[owner] = self._owner_pages.get(owner, 0) + len(pages)
-        self.order.touch(node.stamp, now, node.start, len(key), hit=False)
+        self._book.added(node, now)
         for k in node.keys:
             self.by_key[k] = node
-        if parent.is_leaf:
-            self._leaves.discard(parent)
-        parent.children[tuple(key[: self.page_size])] = node
+        parent.children[self._edges.first_page(key)] = node
         self.total_pages += len(pages)
         self.evictable_pages += len(pages)
-        self._leaves.add(node)
         return node
 
     def _split(self, child: Node, k: int) -> Node:
@@ -174,28 +148,11 @@ class RadixCache:
                      keys=child.keys[:k], pinned=child.pinned, owner=child.owner)
         for key in upper.keys:
             self.by_key[key] = upper
-        child.parent.children[tuple(child.key[:ps])] = upper
+        child.parent.children[self._edges.first_page(child.key)] = upper
         child.key, child.pages, child.parent = child.key[k * ps :], child.pages[k:], upper
         child.keys, child.start = child.keys[k:], child.start + k * ps  # its sort key (a stamp) stays
-        upper.children[tuple(child.key[:ps])] = child
+        upper.children[self._edges.first_page(child.key)] = child
         return upper
-
-    def _touch(self, node: Node, now: int, hit: bool = False) -> None:
-        self._restamp(node, lambda: self.order.touch(node.stamp, now, node.start, len(node.key), hit))
-
-    def _restamp(self, node: Node, change: Callable[[], None]) -> None:
-        # NOTE: the SortedList finds a node by its sort key: remove it before the key changes.
-        in_set = node in self._leaves
-        if in_set:
-            self._leaves.discard(node)
-        change()
-        if in_set:
-            self._leaves.add(node)
-
-    def set_pinned(self, node: Node, pinned: bool) -> None:
-        """Order node after (pinned) or among (not) every unpinned leaf; it stays evictable."""
-        if node.pinned != pinned:
-            self._restamp(node, lambda: setattr(node, "pinned", pinned))
 
     # -- pinning -----------------------------------------------------------------
 
@@ -204,7 +161,7 @@ class RadixCache:
         while node.parent is not None:
             if node.lock_ref == 0:
                 self.evictable_pages -= len(node.pages)
-                self._leaves.discard(node)
+                self._book.leaves.discard(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -214,9 +171,12 @@ class RadixCache:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self.evictable_pages += len(node.pages)
-                if node.is_leaf:
-                    self._leaves.add(node)
+                self._book.rejoin(node)
             node = node.parent
+
+    def set_pinned(self, node: Node, pinned: bool) -> None:
+        """Order node after (pinned) or among (not) every unpinned leaf; it stays evictable."""
+        self._book.set_pinned(node, pinned)
 
     # -- eviction ------------------------------------------------------------------
 
@@ -224,8 +184,8 @@ class RadixCache:
         """Free at least num_pages (if that many are evictable), LRU unlocked leaves first.
         sink, if given, sees each leaf before it leaves the tree (to keep its KV elsewhere)."""
         freed: list[int] = []
-        while len(freed) < num_pages and self._leaves:
-            leaf = self._next_victim()
+        while len(freed) < num_pages and self._book.leaves:
+            leaf = self._book.victim()
             if sink is not None:
                 sink(leaf)
             self.order.evicted(leaf.stamp)
@@ -234,33 +194,20 @@ class RadixCache:
         return freed
 
     def set_quotas(self, quota: Callable[[Hashable], int | None]) -> None:
-        self._leaves.track_owners()
-        self._quota = quota
+        self._book.set_quotas(quota)
 
     def pages_by_owner(self) -> dict[Hashable, int]:
-        return {o: n for o, n in self._owner_pages.items() if n}
-
-    def _next_victim(self) -> Node:
-        """The first unpinned leaf of an owner past its quota, else the first leaf in order."""
-        if self._quota is not None:
-            over = [o for o, n in self._owner_pages.items() if (q := self._quota(o)) is not None and n > q]
-            leaf = self._leaves.first_unpinned_of(over)
-            if leaf is not None:
-                return leaf
-        return self._leaves.first()
+        return self._book.pages_by_owner()
 
     def _remove_leaf(self, leaf: Node) -> list[int]:
         parent = leaf.parent
         assert parent is not None and leaf.is_leaf and leaf.lock_ref == 0
-        self._leaves.discard(leaf)
         for key in leaf.keys:
             del self.by_key[key]
-        del parent.children[tuple(leaf.key[: self.page_size])]
+        del parent.children[self._edges.first_page(leaf.key)]
+        self._book.removed(leaf)
         self.total_pages -= len(leaf.pages)
         self.evictable_pages -= len(leaf.pages)
-        self._owner_pages[leaf.owner] -= len(leaf.pages)
-        if parent.parent is not None and parent.is_leaf and parent.lock_ref == 0:
-            self._leaves.add(parent)
         return leaf.pages
 
     def forget(self, pages: set[int]) -> list[int]:
@@ -279,12 +226,7 @@ class RadixCache:
         for node, k in found:
             if k > 0:
                 self._split(node, k)  # node keeps its pages from the lost one on
-            below, order = [node], []
-            while below:  # parents before children; removed in reverse, leaves first
-                n = below.pop()
-                order.append(n)
-                below += n.children.values()
-            for n in reversed(order):
+            for n in _leaves_first([node]):
                 removed += self._remove_leaf(n)
         return removed
 
@@ -294,13 +236,8 @@ class RadixCache:
         root = self.roots.get(namespace)
         if root is None:
             return []
-        order, below = [], list(root.children.values())
-        while below:  # parents before children; removed in reverse, leaves first
-            n = below.pop()
-            order.append(n)
-            below += n.children.values()
         removed: list[int] = []
-        for n in reversed(order):
+        for n in _leaves_first(root.children.values()):
             if n.is_leaf and n.lock_ref == 0 and not n.pinned:
                 removed += self._remove_leaf(n)
         return removed
@@ -316,9 +253,12 @@ class RadixCache:
         return pages
 
 
-def _common_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def _leaves_first(tops: Iterable[Node]) -> list[Node]:
+    """tops and every node below them, each after all its children: removing them in this order
+    only ever removes a leaf."""
+    order, below = [], list(tops)
+    while below:  # parents before children; reversed at the end
+        n = below.pop()
+        order.append(n)
+        below += n.children.values()
+    return order[::-1]

@@ -11,7 +11,8 @@
     print(qa.run(question="Why is the sky blue?")["answer"])
 
 Modules: ir (expressions), primitives (gen/select/roles), constraints (what
-gen's regex/json_schema/choices/dtype become), executor (a state's thread),
+gen's regex/json_schema/choices/dtype become), executor (a state's thread) and
+interpreter (what each expression does to its text),
 state (the `s` object and its fork branches), function (run, run_batch),
 backend/ (RuntimeEndpoint over HTTP, Runtime = local server), chat_template and
 chat_template_registry (roles, picked by model path as SGLang does), scoring and

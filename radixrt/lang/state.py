@@ -61,7 +61,7 @@ class ProgramState:
         if n > 1:
             self._executor.submit(CachePrefix())
         self.sync()
-        self._raise()
+        self._executor.check()
         base = self._executor.snapshot()
         branches = [ProgramState(self._executor.branch()) for _ in range(n)]
         return ProgramStateGroup(self, branches, base.text, self._executor.prefix_meta if n > 1 else None)
@@ -84,13 +84,13 @@ class ProgramState:
 
     def text(self) -> str:
         self.sync()
-        self._raise()
+        self._executor.check()
         return self._executor.text
 
     def messages(self) -> list[dict[str, str]]:
         """The finished role turns as [{"role": ..., "content": ...}] (OpenAI's layout)."""
         self.sync()
-        self._raise()
+        self._executor.check()
         return [dict(m) for m in self._executor.messages]
 
     def sync(self) -> None:
@@ -103,17 +103,13 @@ class ProgramState:
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
         """The text as it is produced (of the whole program, or of one variable), until the program ends."""
         yield from self._executor.chunks.iter(var_name)
-        self._raise()
+        self._executor.check()
 
     async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
         """text_iter for asyncio: each wait happens in a worker thread, never on the event loop."""
         chunks, done = self.text_iter(var_name), object()
         while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
             yield chunk
-
-    def _raise(self) -> None:
-        if self._executor.error is not None:
-            raise self._executor.error
 
     @property
     def executor(self) -> StreamExecutor:
