@@ -102,14 +102,14 @@ class FakeWorker:
         self.disk, self.kind, self.name = disk, move_kind, disk_page_name
 
     def run(self, mem: Any) -> None:
-        for m in mem.take_moves():
+        for m in mem.bridge.take_moves():
             if m.kind in (self.kind.H2DISK, self.kind.D2DISK):
                 for key in m.keys:
                     (self.disk / self.name(key)).touch()
             elif m.kind is self.kind.DROP:
                 for key in m.keys:
                     (self.disk / self.name(key)).unlink()
-        mem.take_copies()
+        mem.copies.take()
 
 
 def device_keys(mem: Any, page_keys: Any) -> set[str]:
@@ -172,11 +172,11 @@ def build(run: Replay, disk_dir: str) -> tuple[Any, Any]:
 def serve(mem: Any, worker: FakeWorker, r: Any, tokens: dict[str, int]) -> None:
     """r's prompt through the bookkeeping, as the scheduler runs a lone request; adds its cached tokens by tier."""
     tiers = mem.tiers
-    host0, disk0 = tiers.counters["host_hit_pages"], tiers.counters["disk_hit_pages"]
+    host0, disk0 = tiers.log.counters["host_hit_pages"], tiers.log.counters["disk_hit_pages"]
     m = mem.match(r)
     assert mem.admit(r, m, r.prompt_len - m.matched_len, 0), f"{r.rid} does not fit the device pool"
     worker.run(mem)
-    host, disk = tiers.counters["host_hit_pages"] - host0, tiers.counters["disk_hit_pages"] - disk0
+    host, disk = tiers.log.counters["host_hit_pages"] - host0, tiers.log.counters["disk_hit_pages"] - disk0
     tokens["prompt"] += r.prompt_len
     tokens["host"] += host * PAGE
     tokens["disk"] += disk * PAGE

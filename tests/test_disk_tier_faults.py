@@ -232,10 +232,10 @@ def test_lost_keys_leave_the_disk_index_and_a_tier_turned_off_is_forgotten(tmp_p
         tiers.links.entered(key, None)
     tiers.disk.put("d", tiers.disk.take_free(), "c", 4, 4)  # d follows c
     tiers.links.entered("d", "c")
-    tiers.disk_failed(DiskFaults(["a", "c", "zz"], [], errors=2))  # zz: dropped from the index meanwhile
+    tiers.disk_tier.failed(DiskFaults(["a", "c", "zz"], [], errors=2))  # zz: dropped from the index meanwhile
     moves = tiers.take_moves()  # c's loss takes d along: nothing could reach it
     assert tiers.disk.keys() == ["b"] and moves == [KVMove(MoveKind.DROP, keys=["a", "c", "d"])]
-    tiers.disk_failed(DiskFaults(["b"], [], errors=6, disabled=True))
+    tiers.disk_tier.failed(DiskFaults(["b"], [], errors=6, disabled=True))
     assert tiers.links.after([None]) == []  # b, a first page, is linked no more: nothing holds it
     st = s.stats()
     assert st.disk_tier_enabled == 0 and st.disk_tier_errors == 8 and st.disk_pages == 0

@@ -230,9 +230,9 @@ class FakeStore:
 def shared_tiers(host_pages: int = 2, disk_pages: int = 2) -> tuple[KVTiers, FakeStore]:
     t = KVTiers(host_pages, True, "radixrt/fp", disk_pages, write_policy="write_through",
                 store=MooncakeSettings.resolve({"master_server_address": "127.0.0.1:1"}))
-    assert isinstance(t.view, StoreView) and t.shared
-    t.view = FakeStore()
-    return t, t.view
+    assert isinstance(t.disk_tier.view, StoreView) and t.disk_tier.shared
+    t.disk_tier.view = FakeStore()
+    return t, t.disk_tier.view
 
 
 def test_a_shared_store_gets_each_cached_page_at_once_and_gives_another_servers_pages_back():
@@ -259,11 +259,11 @@ def test_a_shared_store_keeps_what_this_server_forgets_and_loses_only_what_is_pu
     t.host.discard("b")
     t.links.left("b", None)
     assert t.hits(["b"]) == 0 and "b" not in t.disk and t.take_moves() == []
-    t.persist([("c", None, 0, 3)])  # at shutdown nothing is left to write: pages went as they were cached
+    t.disk_tier.persist([("c", None, 0, 3)])  # at shutdown nothing is left to write: pages went as they were cached
     assert t.take_moves() == []
     t.offload(["n"], [4], None, 0, write=True)
     t.take_moves()
-    t.disk_failed(DiskFaults(lost_keys=["n"], errors=1))  # a value that failed to read: removed for everyone
+    t.disk_tier.failed(DiskFaults(lost_keys=["n"], errors=1))  # a value that failed to read: removed for everyone
     assert kinds(t.take_moves()) == [(MoveKind.DROP, [], [], ["n"])]
 
 
@@ -271,10 +271,10 @@ def test_a_store_that_turns_off_forgets_its_index_and_a_store_that_answers_again
     t, _ = shared_tiers()
     t.offload(["a"], [1], None, 0, write=True)
     t.take_moves()
-    t.disk_failed(DiskFaults(errors=8, disabled=True))
-    assert t.disk is None and t.view is None and t.hits(["a"]) == 1  # host memory still has it
-    t.disk_failed(DiskFaults(rejoined=True))
-    assert t.disk is not None and len(t.disk) == 0 and t.disk.capacity == 2 and isinstance(t.view, StoreView)
+    t.disk_tier.failed(DiskFaults(errors=8, disabled=True))
+    assert t.disk is None and t.disk_tier.view is None and t.hits(["a"]) == 1  # host memory still has it
+    t.disk_tier.failed(DiskFaults(rejoined=True))
+    assert t.disk is not None and len(t.disk) == 0 and t.disk.capacity == 2 and isinstance(t.disk_tier.view, StoreView)
     assert t.stats()["unreachable_pages"] == 0
 
 

@@ -15,6 +15,7 @@ import radixrt
 import requests
 from support.helpers import assert_no_page_leak, corpus_ids
 from radixrt.cache.tier_index import TierIndex, is_page_key, page_keys
+from radixrt.kernels.native_build import ISA_ENV, chosen_isa
 from radixrt.messages import DISK_PAGE_GLOB, KVMove, MoveKind, disk_page_key, disk_page_name
 from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.scheduler.kv_tiers import KVTiers
@@ -143,7 +144,7 @@ def test_all_pages_of_one_namespace_are_dropped_from_host_and_disk(tmp_path):
     t = KVTiers(host_pages=4, cache_on_host=True, disk_dir=str(tmp_path), disk_pages=8, page_size=4)
     t.offload(ka, [0, 1, 2, 3], None, 0)
     t.offload(kb, [4, 5, 6, 7], None, 0)  # a's pages spill to disk, deepest first; b's take host memory
-    slots = t.swap_out([9])  # spills b's last page; a swapped request's slot is no namespace's
+    slots = t.host_tier.swap_out([9])  # spills b's last page; a swapped request's slot is no namespace's
     execute(t, tmp_path)
     assert t.drop_namespace(a) == 4
     assert sorted(execute(t, tmp_path)[0][3]) == sorted(ka)  # their files go
@@ -151,7 +152,7 @@ def test_all_pages_of_one_namespace_are_dropped_from_host_and_disk(tmp_path):
     assert t.hits(ka) == 0 and t.hits(kb) == 4  # b's pages stay wherever they were
     assert t.disk.keys() == kb[3:] and t.host.keys_of(b.encoded) == kb[:3] and t.host.keys_of(a.encoded) == []
     assert t.drop_namespace(a) == 0 and t.take_moves() == []
-    t.swap_in(slots, [9])  # the reserved slot was not freed under the swapped request
+    t.host_tier.swap_in(slots, [9])  # the reserved slot was not freed under the swapped request
     assert t.stats()["host_swap_pages"] == 0 and t.stats()["unreachable_pages"] == 0
 
 
@@ -170,13 +171,13 @@ def test_disk_page_files_of_an_older_key_format_are_removed_never_adopted(tmp_pa
 def test_swap_reserves_host_slots_that_the_cache_cannot_take():
     t = KVTiers(host_pages=3, cache_on_host=True)
     t.offload(["a", "b"], [1, 2], None, 0)
-    slots = t.swap_out([5, 6])  # takes the free slot, then the leaf b's (no disk: dropped; a stays reachable)
+    slots = t.host_tier.swap_out([5, 6])  # takes the free slot, then the leaf b's (no disk: dropped; a stays reachable)
     assert sorted(slots) == [1, 2] and t.hits(["a", "b"]) == 1
     t.offload(["c"], [7], None, 0)  # the one unreserved slot is a's: a goes, c comes
     assert t.hits(["a"]) == 0 and t.hits(["c"]) == 1
-    assert t.swap_out([1, 2, 3]) is None  # only one slot is not reserved
+    assert t.host_tier.swap_out([1, 2, 3]) is None  # only one slot is not reserved
     t.take_moves()
-    t.swap_in(slots, [8, 9])
+    t.host_tier.swap_in(slots, [8, 9])
     assert kinds(t.take_moves()) == [(MoveKind.H2D, slots, [8, 9], [])]
     assert t.stats()["host_swap_pages"] == 0
 
@@ -221,7 +222,7 @@ def test_each_write_policy_writes_to_host_when_sglang_does(policy):
     written = []
     for rid in ("first", "second", "third"):
         run(rid)
-        written.append(mem.tiers.counters["pages_d2h"])
+        written.append(mem.tiers.log.counters["pages_d2h"])
     # write_through: the two full pages as soon as they are cached; selective: at the second hit (the third
     # request's match); write_back: only on eviction, which never happens here
     assert written == {"write_through": [2, 2, 2], "write_through_selective": [0, 0, 2], "write_back": [0, 0, 0]}[policy]
@@ -354,7 +355,7 @@ SETUPS = {
 
 
 @pytest.mark.parametrize("setup", SETUPS)
-def test_restored_pages_give_the_tokens_of_a_cold_run(model_paths, tmp_path, setup):
+def test_restored_pages_give_the_tokens_of_a_cold_run(model_paths, tmp_path, monkeypatch, setup):
     """Pages loaded back from host memory, from disk, and from disk after a restart (a new engine
     on the same hicache_dir) give a cold run's greedy tokens, token for token; the counters show
     they were loaded, not recomputed. Each tensor-parallel rank keeps its own KV heads' page files
@@ -362,6 +363,13 @@ def test_restored_pages_give_the_tokens_of_a_cold_run(model_paths, tmp_path, set
     rotated keys)."""
     kwargs, loads, family = SETUPS[setup]
     path = model_paths[family] if family in model_paths else ensure_family_model(family)
+    if kwargs.get("kv_cache_dtype") == "int4":
+        # The cold run extends whole prompts, the second pass attends over restored pages: other kernel
+        # classes, which the start-up measurement may give different variants (decode avx512bf16, extend
+        # avx512, cascade avx2 was seen). Their last-bit differences in one layer's output move a later
+        # layer's keys across an int4 step and flip a near-tied random-weight token. One variant for
+        # every class keeps the comparison about the restore.
+        monkeypatch.setenv(ISA_ENV, chosen_isa(32).name)
     documents = documents_of(path)
     args = dict(model_path=str(path), max_total_tokens=768, **kwargs)
     with radixrt.Engine(**args, disable_radix_cache=True) as e:  # the same setup with no cache at all

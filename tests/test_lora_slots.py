@@ -28,7 +28,7 @@ from radixrt.messages import LoadLoraAdapter, LoraLoaded
 from radixrt.namespace import CacheNamespace
 from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.lora_requests import LoraRequests
-from radixrt.scheduler.lora_slots import LoraSlots, namespace_key
+from radixrt.scheduler.lora_slots import LoraSlots, NoLoraSlots, namespace_key
 from radixrt.scheduler.req import Req
 
 ALL = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -238,7 +238,7 @@ def test_an_unloaded_adapters_slot_frees_when_its_last_request_leaves():
 
 
 def test_figures_count_the_base_model_and_at_most_16_adapter_labels():
-    counts = LoraRequests(None, None, None)
+    counts = LoraRequests(NoLoraSlots(), None, None, None)
     for name in [None] + [f"x{i}" for i in range(20)]:
         r = req(name)
         r.kv.kv_len = 1  # its cached prefix

@@ -364,36 +364,3 @@ def test_a_match_never_counts_its_own_cached_pages_as_room():
     assert finish["long"].type == "abort" and "pool" in finish["long"].message  # 9 pages > 8, not OutOfPages
     assert outputs["short"] == reference_generate(doc + [2], 3)
     assert_idle_pool(s)
-
-
-def test_only_kv_memory_writes_a_requests_kv_handle():
-    """The scheduler reads lengths; page state (r.kv, a KVHandle) has one writer."""
-    import ast
-    from pathlib import Path
-
-    def writes(tree: ast.AST) -> list[int]:
-        def handle(e: ast.AST) -> bool:  # r.kv, or a local named kv
-            return (isinstance(e, ast.Attribute) and e.attr == "kv") or (isinstance(e, ast.Name) and e.id == "kv")
-
-        lines = []
-        for node in ast.walk(tree):
-            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-            for t in targets:
-                while isinstance(t, (ast.Attribute, ast.Subscript)) and not handle(t.value):
-                    t = t.value
-                if isinstance(t, (ast.Attribute, ast.Subscript)) and handle(t.value):
-                    lines.append(node.lineno)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                obj = node.func.value
-                if handle(obj) or (isinstance(obj, ast.Attribute) and handle(obj.value)):
-                    if node.func.attr in ("reset", "clear_swap", "append", "extend", "pop", "clear"):
-                        lines.append(node.lineno)
-        return lines
-
-    assert writes(ast.parse("r.kv.pages = []\nkv.kv_len += 1\nr.kv.pages.append(3)\nr.kv.reset()")) == [1, 2, 3, 4]
-    assert writes(ast.parse("n = r.kv.kv_len\nx = len(r.kv.pages)")) == []
-    root = Path(__file__).resolve().parents[1] / "radixrt"
-    owners = {root / "scheduler" / f for f in ("kv_memory.py", "kv_handle.py")}
-    owners.add(root / "retention" / "drop_plan.py")  # KVMemory's retention part
-    found = {str(p.relative_to(root)): writes(ast.parse(p.read_text())) for p in root.rglob("*.py") if p not in owners}
-    assert not {k: v for k, v in found.items() if v}, found

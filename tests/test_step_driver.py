@@ -23,7 +23,7 @@ DRIVER = "radixrt/scheduler/step.py"
 # their unit tests hand moves on inside the scheduler package, and bench/kv_tiers_sim.py replays
 # KVMemory's bookkeeping alone (no scheduler, no batch) under an old version and this one.
 MAY_STEP = {DRIVER, "tests/test_scheduler.py"}
-MAY_TAKE_MOVES = {"radixrt/scheduler/scheduler.py", "radixrt/scheduler/kv_memory.py", "tests/test_kv_tiers.py",
+MAY_TAKE_MOVES = {"radixrt/scheduler/scheduler.py", "radixrt/scheduler/tier_bridge.py", "tests/test_kv_tiers.py",
                   "tests/test_disk_tier_faults.py", "tests/test_tier_prefix_property.py", "bench/kv_tiers_sim.py",
                   "tests/test_kv_storage.py"}
 

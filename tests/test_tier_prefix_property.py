@@ -22,14 +22,15 @@ from radixrt.sampling_params import SamplingParams
 from radixrt.scheduler.kv_memory import KVMemory
 from radixrt.scheduler.kv_tiers import KVTiers
 from radixrt.scheduler.req import Req
+from radixrt.scheduler.tier_bridge import content_keys
 
 PS = 2  # tokens per page
 
 
 def run_moves(worker: FakeWorker, mem: KVMemory) -> None:
     """The moves, then the batch's copies (copy-on-write), in the worker's order (scheduler.Scheduled)."""
-    worker.move(mem.take_moves())
-    src, dst = mem.take_copies()
+    worker.move(mem.bridge.take_moves())
+    src, dst = mem.copies.take()
     for s, d in zip(src, dst):
         worker.slots[d] = worker.slots.get(s)
 
@@ -71,7 +72,7 @@ def test_tiers_keep_prefix_order_and_restore_exactly_what_was_computed(reqs, pol
             mem.pins.expire(float(i))
             tokens = stems[stem] + tail
             r = Req(f"r{i}", tokens, SamplingParams(max_new_tokens=1), pin_ttl=ttl)
-            keys = mem._keys(r, len(tokens) // PS) if len(tokens) >= PS else []
+            keys = content_keys(r, len(tokens) // PS, PS) if len(tokens) >= PS else []
             parent_of.update(zip(keys, [None] + keys[:-1]))
             if mem.pins.refusal(r) is None and ttl is not None:
                 mem.pins.pin(r, float(i))
@@ -94,7 +95,7 @@ def test_tiers_keep_prefix_order_and_restore_exactly_what_was_computed(reqs, pol
             computed.update(keys)
             held = set(tiers.host.keys()) | set(tiers.disk.keys() if tiers.disk is not None else []) | set(mem.cache.by_key)
             assert {key for key in mem.pins.table.until if key in computed} <= held  # a pinned page is never dropped
-            assert tiers.counters["pinned_dropped_pages"] == 0
+            assert tiers.log.counters["pinned_dropped_pages"] == 0
             assert naive_unreachable(mem, parent_of) == set() and tiers.unreachable() == []
             assert len(tiers.host) <= host_pages and (tiers.disk is None or len(tiers.disk) <= disk_pages)
             assert mem.allocator.num_free + mem.cache.total_pages == 8

@@ -1,6 +1,6 @@
 """Dropping a retention request's pages: the page-table side of bounded-KV retention.
 
-KVMemory calls these before a step of a request under a policy (its RetentionBudget
+KVMemory (scheduler/kv_retention.py) calls these before a step of a request under a policy (its RetentionBudget
 says which pages), on the request's KVHandle. The rule that keeps the prefix cache
 correct: until its first drop a request's KV is ordinary (it attended to everything
 before it), so it came from the cache and goes to it like any other. At the first

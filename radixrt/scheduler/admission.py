@@ -62,9 +62,9 @@ class Admitter:
     def _admit_swapped(self, r: Req, token_budget: int, reserve: int) -> Admission:
         """Bring a swapped-out r back from host memory, if its pages fit."""
         n = min(r.seq_len - r.kv.swapped_len, token_budget)
-        if self.mem.swap_in_pages(r, n) + reserve > self.mem.available:
+        if self.mem.swap.pages_back(r, n) + reserve > self.mem.available:
             return NO_ROOM
-        self.mem.swap_in(r)
+        self.mem.swap.back(r)
         self.swaps_in += 1
         return Admission(Outcome.ADMITTED, n)
 

@@ -1,5 +1,13 @@
-"""KVHandle: one request's KV pages and their state, written only by KVMemory (and radixrt/retention/drop_plan.py,
-its retention part).
+"""KVHandle: one request's KV pages and their state.
+
+Written only by KVMemory and its collaborators, each for its part, and by nothing else:
+- scheduler/kv_memory.py: the page table (admit, grow, advance, into the cache, release);
+- scheduler/tier_bridge.py: the content keys of its pages (a memo) and what its admission loaded
+  from the tiers below the device (`loaded`);
+- scheduler/kv_swap.py: its swap state (swap_slots, swapped_len);
+- scheduler/kv_retention.py and radixrt/retention/drop_plan.py: a retention drop (private copies,
+  the prefix cache let go of, the page table rewritten) and the attention mass it drops by.
+tests/test_kv_handle_writers.py reads the source and fails on any other writer.
 
 Everyone else reads it: the scheduler asks how much KV a request has (kv_len),
 whether it is swapped out, and the tests which pages it owns.

@@ -17,6 +17,8 @@ on adapters.
 An adapter's KV lives in its own cache namespace, keyed by its name and content fingerprint
 (namespace.adapter): no prefix is shared across adapters, or across two adapters that were
 registered under one name.
+
+Without --enable-lora, NoLoraSlots stands in: the scheduler calls the same hooks either way.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from radixrt.settings.lora import NOT_LOADED, AdapterConfig, LoraServing
 from radixrt.messages import (
     LoadLora,
     LoadLoraAdapter,
@@ -36,6 +37,7 @@ from radixrt.messages import (
     TokenizedRequest,
 )
 from radixrt.scheduler.req import Req
+from radixrt.settings.lora import NOT_ENABLED, NOT_LOADED, AdapterConfig, LoraServing
 
 
 def namespace_key(adapter: AdapterConfig) -> str:
@@ -149,14 +151,12 @@ class LoraSlots:
         return msgspec.structs.replace(msg, namespace=ns)
 
     def adapter_of(self, r: Req) -> AdapterConfig | None:
+        """r's adapter: a registered one, else one unregistered meanwhile that still has its slot."""
         key = r.namespace.adapter
         if key is None:
             return None
-        return next((a for a in self.registry.values() if namespace_key(a) == key), None) or self._held(key)
-
-    def _held(self, key: str | None) -> AdapterConfig | None:
-        """A running adapter unregistered meanwhile still has its slot."""
-        return next((s.adapter for s in self.slots if s.adapter is not None and namespace_key(s.adapter) == key), None)
+        held = [s.adapter for s in self.slots if s.adapter is not None]
+        return next((a for a in [*self.registry.values(), *held] if namespace_key(a) == key), None)
 
     def step(self, running: list[Req]) -> StepAdapters:
         return StepAdapters({r.namespace.adapter for r in running if r.namespace.adapter})
@@ -245,7 +245,36 @@ class LoraSlots:
             return key
         return None
 
-    # -- figures ------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, int]:
-        return {"lora_loads": self.load_count, "lora_adapters": len(self.registry)}
+@dataclass
+class NoLoraSlots:
+    """The slots of a server without --enable-lora: every request runs the base model, and one
+    that names an adapter, or asks to load one, gets SGLang's refusal."""
+
+    registry: dict[str, AdapterConfig] = field(default_factory=dict)  # always empty
+    loads: list[LoadLora] = field(default_factory=list)  # always empty
+    load_count: int = 0
+
+    def resolve(self, msg: TokenizedRequest) -> str:
+        return NOT_ENABLED
+
+    def register(self, msg: LoadLoraAdapter) -> tuple[LoraUpdateReply, list[AdapterConfig]]:
+        return LoraUpdateReply(msg.query_id, False, NOT_ENABLED), []
+
+    def unregister(self, query_id: str, name: str) -> tuple[LoraUpdateReply, AdapterConfig | None]:
+        return LoraUpdateReply(query_id, False, NOT_ENABLED), None
+
+    def step(self, running: list[Req]) -> StepAdapters:
+        return StepAdapters(set())
+
+    def admissible(self, r: Req, step: StepAdapters) -> bool:
+        return True
+
+    def acquire(self, r: Req, step: StepAdapters) -> int:
+        return -1
+
+    def take_reads(self) -> list[ReadLora]:
+        return []
+
+    def take_loads(self) -> list[LoadLora]:
+        return []

@@ -3,8 +3,8 @@
 The sampled token joins the request's output and must be one its grammar allows; then the
 request may finish (a stop id or string, its length, a grammar with nothing left to follow),
 or, with jump-forward on, take the text its grammar forces as tokens to run in the next step,
-like a prefill chunk. Prompt and output logprobs ride on the output; a spot-checked request
-keeps its live logprobs.
+like a prefill chunk. Prompt and output logprobs ride on the output, and so does a finished
+request's readout (readouts.py); a spot-checked request keeps its live logprobs.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from radixrt.messages import EntryLogprobs, FinishReason, ReqOutput
 from radixrt.scheduler.jump_forward import can_jump, jump
 from radixrt.scheduler.logprobs import attach_output_logprobs, attach_prompt_logprobs, collect_prompt_logprobs
+from radixrt.scheduler.readouts import attach_readout
 from radixrt.scheduler.req import Req
 from radixrt.scheduler.spot_checks import SpotChecks
 from radixrt.scheduler.stop import StopChecker
@@ -52,6 +53,7 @@ class StepOutputs:
             r.finish = FinishReason("length", length=0)
         if out.new_ids or out.input_logprobs is not None or r.finish is not None:
             out.finish = r.finish
+            attach_readout(r, out)
             return out
         return None
 

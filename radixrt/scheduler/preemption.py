@@ -46,7 +46,7 @@ class Preemption:
                 self.retract(victim, cause)
             return victim
         r = self.waiting.pop(0)
-        pool = self.mem.num_pages
+        pool = self.mem.allocator.num_pages
         self.refused_no_memory += 1
         self.finish(r, FinishReason("abort", message=f"the prompt needs more KV pages than the pool's {pool}"))
         return r
@@ -59,7 +59,7 @@ class Preemption:
     def retract(self, r: Req, cause: str) -> None:
         """Give r's pages back and queue it first: swapped to host memory (by --preemption-mode),
         or to recompute prompt + output so far (what the prefix cache still holds is reused)."""
-        swapped = self._swaps(r) and r.sampling.max_new_tokens > 0 and self.mem.swap_out(r)
+        swapped = self._swaps(r) and r.sampling.max_new_tokens > 0 and self.mem.swap.out(r)
         logger.info("retracting %s (%d tokens, %s) to free KV pages", r.rid, r.seq_len, "swapped" if swapped else "to recompute")
         if swapped:
             self.swaps_out += 1
@@ -96,7 +96,7 @@ class Preemption:
         prefix cache. Returns its in-flight entries, each with whether the worker sampled for it."""
         if faults is None or self.mem.tiers is None:
             return {}
-        self.mem.tiers.disk_failed(faults)
+        self.mem.tiers.disk_tier.failed(faults)
         pages = set(faults.lost_pages)
         lost = [r for r in running if pages.intersection(r.kv.pages)]
         entries = {i: r.kv_len + n == r.seq_len and r.sampling.max_new_tokens > 0
@@ -106,7 +106,7 @@ class Preemption:
                            len(lost), len(pages))
         for r in lost:
             self.requeue_to_recompute(r)
-        self.mem.forget(pages)
+        self.mem.bridge.forget(pages)
         return entries
 
     def _swaps(self, r: Req) -> bool:

@@ -83,7 +83,7 @@ def run_scheduler(args: ServerArgs, addrs: Addresses, workers_ready: Callable[[]
         msg = receive(inbox, sched, timeout_ms=poll_ms(sched))
         while msg is not None:
             if isinstance(msg, Shutdown):
-                stop_ranks(ranks, sched.mem.persist(), ctx)  # the disk tier keeps what the cache holds, for later
+                stop_ranks(ranks, sched.mem.bridge.persist(), ctx)  # the disk tier keeps what the cache holds, for later
                 return
             reply = handle(msg, sched)
             if reply is not None:
@@ -105,9 +105,9 @@ def poll_ms(sched: Scheduler) -> int | None:
     """How long the loop may block for new messages: forever when idle, not at all with work
     to run (tier moves too: a store's other servers wait for the pages the last request cached,
     or a spot check to run in idle time), a little while only grammars are compiling."""
-    if sched.waiting or sched.running or sched.mem.moves_pending or spot_check_due(sched):
+    if sched.waiting or sched.running or sched.mem.bridge.moves_pending or spot_check_due(sched):
         return 0
-    return GRAMMAR_POLL_MS if sched.grammars else None
+    return GRAMMAR_POLL_MS if sched.queues.grammars else None
 
 
 def spot_check_due(sched: Scheduler) -> bool:
@@ -191,9 +191,9 @@ def update_weights(sched: Scheduler, ranks: Ranks) -> SchedulerToFrontend:
     finds them there), every rank loads, and the scheduler drops the old KV and lets the held
     requests in. Returns the reply for the frontend."""
     assert sched.weights.pending is not None
-    ranks.move(sched.mem.persist())
+    ranks.move(sched.mem.bridge.persist())
     ranks.send(LoadWeights(sched.weights.pending.msg.model_path))
-    return sched.finish_weight_update(ranks.answer(WeightsLoaded, "the weight update"))
+    return sched.arrivals.finish_weight_update(ranks.answer(WeightsLoaded, "the weight update"))
 
 
 def handle(msg: FrontendMsg, sched: Scheduler) -> SchedulerToFrontend | None:
@@ -208,11 +208,11 @@ def handle(msg: FrontendMsg, sched: Scheduler) -> SchedulerToFrontend | None:
         error = sched.flush_cache()  # None, or why it could not (requests use the cache)
         return ControlReply(msg.query_id, sched.stats(), error)
     elif isinstance(msg, UpdateWeights):
-        return sched.begin_weight_update(msg)  # a refusal, or None: later requests wait for the new weights
+        return sched.arrivals.begin_weight_update(msg)  # a refusal, or None: later requests wait for the new weights
     elif isinstance(msg, LoadLoraAdapter):
-        return sched.load_lora(msg)
+        return sched.lora.load(msg)
     elif isinstance(msg, UnloadLoraAdapter):
-        return sched.unload_lora(msg)
+        return sched.lora.unload(msg)
     return None
 
 

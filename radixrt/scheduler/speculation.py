@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from radixrt.messages import KVMove, MoveKind, SpecVerdict
 from radixrt.namespace import CacheNamespace
 from radixrt.scheduler.req import Req
+from radixrt.settings.speculative import SpecSettings
 from radixrt.speculative.draft_length import (
     EXPLORE_AFTER,
     AcceptanceRate,
@@ -42,7 +43,6 @@ from radixrt.speculative.draft_tree import is_chain
 from radixrt.speculative.ngram_index import NgramIndex, SequenceLookup
 from radixrt.speculative.ngram_tree import propose_tree
 from radixrt.speculative.request_spec import RequestSpec
-from radixrt.settings.speculative import SpecSettings
 
 INDEX_TOKENS_PER_STEP = 2048  # ~4 ms of indexing per step at most (and one sequence at least)
 UNSPECULATED = ("grammar", "logprobs", "penalties", "retention", "spot_check", "draft_kv")
@@ -214,8 +214,11 @@ class Speculator:
             return Draft(own)
         return Draft(tree.tokens, parents=[] if is_chain(tree.parents) else tree.parents)
 
-    def wrote(self, r: Req, pages: list[int]) -> None:
-        """STANDALONE: r's step writes these pages' KV (draft KV too): fresh, unless r's prefix is stale."""
+    def wrote(self, r: Req, pages: list[int], draft: Draft) -> None:
+        """r's entry of this step verifies `draft` (empty: none) and writes these pages' KV, draft
+        KV too. STANDALONE: the pages are fresh, unless r's prefix is stale."""
+        if r.spec is not None:
+            r.spec.pending, r.spec.branched = draft.length, bool(draft.parents)
         if self.enabled and not self.ngram:
             if r.spec is not None and r.spec.off == "draft_kv":
                 self.stale.update(pages)

@@ -21,7 +21,7 @@ class StepWorker(Protocol):
 
     def forward(self, batch: ForwardBatch) -> BatchResult: ...
 
-    def load_lora(self, msg: LoadLora) -> LoraLoaded: ...  # these two only under --enable-lora
+    def load_lora(self, msg: LoadLora) -> LoraLoaded: ...  # these two only under --enable-lora (lora_requests.py)
 
     def read_lora(self, msg: ReadLora) -> None: ...
 
@@ -29,11 +29,10 @@ class StepWorker(Protocol):
 def step(sched: Scheduler, worker: StepWorker) -> list[ReqOutput]:
     """One step; the outputs it produced (those of requests answered without a batch included).
     The LoRA adapters the last step's waiting requests asked for load first: they run in this one."""
-    if sched.lora is not None:
-        for read in sched.lora.take_reads():  # adapters registered since: the workers read them meanwhile
-            worker.read_lora(read)
-        for msg in sched.lora.take_loads():
-            sched.lora_loaded(worker.load_lora(msg))
+    for read in sched.lora.take_reads():  # adapters registered since: the workers read them meanwhile
+        worker.read_lora(read)
+    for msg in sched.lora.take_loads():
+        sched.lora.loaded(worker.load_lora(msg))
     scheduled = sched.schedule()
     if scheduled.moves:  # pages the batch reads or frees move between tiers first
         worker.move(scheduled.moves)

@@ -73,7 +73,7 @@ class WeightUpdates:
         if loaded.success:
             self.mem.flush()
             if self.mem.tiers is not None and self.mem.tiers.disk is not None:  # "": the tier turned off
-                self.mem.tiers.switch_disk(loaded.disk_dir, loaded.disk_pages)
+                self.mem.tiers.disk_tier.switch(loaded.disk_dir, loaded.disk_pages)
             self.done += 1
         else:
             logger.error("weight update from %s refused: %s", upd.msg.model_path, loaded.message)
