@@ -6,11 +6,9 @@ processes as the server, without HTTP; `generate` takes one prompt or a list.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import inspect
-import queue
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -18,24 +16,17 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
 from radixrt.frontend.cache_report import CACHE_REPORT_FIRST_N
-from radixrt.frontend.generate_input import GenerateInput
-from radixrt.frontend.intake import check_in_vocabulary
-from radixrt.frontend.readout_calls import (
-    Prompt,
-    embedding_prompts,
-    encode_results,
-    label_scores,
-    readout_input,
-    score_prompts,
-)
-from radixrt.frontend.req_state import ReqState
+from radixrt.frontend.generate_input import generate_request
+from radixrt.frontend.intake import PreparedCall
+from radixrt.frontend.local_calls import LocalCalls
+from radixrt.frontend.prompt_checks import check_in_vocabulary
+from radixrt.frontend.readout_calls import embedding_prompts, encode_results, label_scores, score_prompts
 from radixrt.frontend.tokenizer_manager import BackendDied, TokenizerManager
 from radixrt.frontend.weights import UpdateWeightsResult, check_update_options, model_info
 from radixrt.launch.backend import prepare_checkpoint, start_serving
 from radixrt.messages import LoraUpdateReply, Readout
 from radixrt.model_source import resolve_update_path
 
-PROGRESS_BAR_MIN = 32  # a list at least this long shows a tqdm bar
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -118,6 +109,7 @@ class Engine:
             self._backend.shutdown(timeout=2.0)
             raise
         self.tokenizer = self._manager.tokenizer
+        self._calls = LocalCalls(self._manager, self._check_open)  # sends a call's requests and waits for them
         self._closed = False
 
     # -- generation --------------------------------------------------------------
@@ -126,115 +118,52 @@ class Engine:
     def generate(self, call: GenerateArgs) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt -> a result dict (a list when n > 1); a list -> a list in order;
         stream=True -> an iterator of cumulative results. Bad input raises ValueError."""
-        gen = self._input(call)
-        updates: queue.SimpleQueue[None] = queue.SimpleQueue()
-        states = self._manager.submit_all(gen, lambda: updates.put(None))
-        if call.stream:
-            return self._chunks(states[0], updates)
-        bar, finished = _progress(len(states)) if gen.is_batch else None, 0
-        while finished < len(states):
-            updates.get()
-            done = sum(s.done for s in states)
-            if bar is not None and done > finished:
-                bar.update(done - finished)
-            finished = done
-        if bar is not None:
-            bar.close()
-        return self._results(states, gen)
+        return self._calls.generate(self._input(call), call.stream)
 
     @_takes(GenerateArgs)
     async def async_generate(
         self, call: GenerateArgs
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """generate() for asyncio; stream=True returns an async iterator."""
-        gen = self._input(call)
-        loop = asyncio.get_running_loop()
-        updates: asyncio.Queue[None] = asyncio.Queue()
-        states = self._manager.submit_all(gen, lambda: loop.call_soon_threadsafe(updates.put_nowait, None))
-        if call.stream:
-            return self._async_chunks(states[0], updates)
-        while not all(s.done for s in states):
-            await updates.get()
-        return self._results(states, gen)
+        return await self._calls.async_generate(self._input(call), call.stream)
 
     def encode(self, prompt: str | list[str] | list[int] | list[list[int]],
                dimensions: int | None = None) -> dict[str, Any] | list[dict[str, Any]]:
         """SGLang's Engine.encode: each prompt's (text or token ids) embedding and meta_info, as /encode
         answers; the served model's pooling (radixrt/settings/pooling.py). Bad input raises ValueError."""
         prompts, is_batch = embedding_prompts(prompt)
-        pooler = self._manager.pooler
+        pooler = self._manager.intake.pooler
         pooler.check_dimensions(dimensions)
-        out = encode_results(self._readouts(prompts, Readout(pooler.kind), is_batch), pooler, dimensions)
+        out = encode_results(self._calls.readouts(prompts, Readout(pooler.kind), is_batch), pooler, dimensions)
         return out if is_batch else out[0]
 
     def score(self, query: str | list[int], items: str | list[str] | list[list[int]], label_token_ids: list[int],
               apply_softmax: bool = False, item_first: bool = False) -> list[list[float]]:
         """SGLang's Engine.score: per item, the probability of each label token after query + item."""
         self._refuse_on_embedding_server("score")
-        check_in_vocabulary(label_token_ids, self._manager.vocab_size, "label_token_ids")
-        states = self._readouts(score_prompts(query, items, item_first), Readout("labels", list(label_token_ids)), True)
+        check_in_vocabulary(label_token_ids, self._manager.intake.vocab_size, "label_token_ids")
+        states = self._calls.readouts(score_prompts(query, items, item_first), Readout("labels", list(label_token_ids)),
+                                      True)
         return [label_scores(s, apply_softmax) for s in states]
 
     def _refuse_on_embedding_server(self, what: str) -> None:
         if self.server_args.is_embedding:
             raise RequestError(f"this engine was started with is_embedding: it encodes, it does not {what}")
 
-    def _readouts(self, prompts: list[Prompt], readout: Readout, is_batch: bool) -> list[ReqState]:
-        self._check_open()
-        updates: queue.SimpleQueue[None] = queue.SimpleQueue()
-        states = self._manager.submit_all(readout_input(prompts, readout, is_batch=is_batch), lambda: updates.put(None),
-                                          share_prefix=not readout.whole_prompt)
-        while not all(s.done for s in states):
-            updates.get()
-        for s in states:
-            if s.error is not None:
-                raise (BackendDied if self._manager.dead else RuntimeError)(s.error.message)
-        return states
-
-    def _input(self, call: GenerateArgs) -> GenerateInput:
+    def _input(self, call: GenerateArgs) -> PreparedCall:
+        """The call through the door (Intake.prepare: no --max-requests-per-call for offline batches)."""
         self._check_open()
         self._refuse_on_embedding_server("generate")
-        gen = GenerateInput.build(
-            self.server_args.max_n, text=call.prompt, input_ids=call.input_ids, sampling_params=call.sampling_params,
+        prepared = self._manager.intake.prepare(generate_request(
+            text=call.prompt, input_ids=call.input_ids, sampling_params=call.sampling_params,
             rid=call.rid, return_logprob=call.return_logprob, logprob_start_len=call.logprob_start_len,
             top_logprobs_num=call.top_logprobs_num, return_text_in_logprobs=call.return_text_in_logprobs,
             cache_salt=call.cache_salt, cache_control=call.cache_control, priority=call.priority,
             lora_path=call.lora_path,
-        )
-        if call.stream and len(gen.items) != 1:
+        ))
+        if call.stream and len(prepared.reqs) != 1:
             raise RequestError("stream=True takes a single prompt and n=1", "stream")
-        return gen
-
-    def _results(self, states: list[ReqState], gen: GenerateInput) -> dict[str, Any] | list[dict[str, Any]]:
-        results = [self._result(s) for s in states]
-        return results if gen.is_batch or len(results) > 1 else results[0]
-
-    def _chunks(self, state: ReqState, updates: queue.SimpleQueue[None]) -> Iterator[dict[str, Any]]:
-        try:
-            done = False
-            while not done:
-                updates.get()
-                done = state.done  # before reading the result: see Submission.stream in the server
-                yield self._result(state)
-        finally:
-            if not state.done:
-                self._manager.abort(state.rid)
-
-    async def _async_chunks(self, state: ReqState, updates: asyncio.Queue[None]) -> AsyncIterator[dict[str, Any]]:
-        try:
-            done = False
-            while not done:
-                await updates.get()
-                done = state.done
-                yield self._result(state)
-        finally:
-            if not state.done:
-                self._manager.abort(state.rid)
-
-    def _result(self, state: ReqState) -> dict[str, Any]:
-        if state.finish is not None and state.finish.type == "abort" and self._manager.dead:
-            raise BackendDied(state.finish.message)
-        return state.result(self.tokenizer)
+        return prepared
 
     def get_server_info(self) -> dict[str, Any]:
         """Server arguments and the scheduler's live counters (pool pages, queues, retractions)."""
@@ -259,7 +188,7 @@ class Engine:
         self._check_open()
         check_update_options(load_format, **options)
         local = resolve_update_path(self.server_args, model_path)
-        return self._manager.update_weights_from_disk(local, model_path, abort_all_requests, weight_version)
+        return self._manager.weight_updates.from_disk(local, model_path, abort_all_requests, weight_version)
 
     def get_model_info(self) -> dict[str, Any]:
         """SGLang's /get_model_info: the weights now served (path, fingerprint, version)."""
@@ -323,10 +252,3 @@ class Engine:
 def _lora_result(reply: LoraUpdateReply) -> dict[str, Any]:
     return {"success": reply.success, "error_message": reply.error_message, "loaded_adapters": reply.loaded_adapters}
 
-
-def _progress(total: int) -> Any:
-    if total < PROGRESS_BAR_MIN:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="generate", unit="req")

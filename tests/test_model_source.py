@@ -230,12 +230,12 @@ def test_the_chat_prompt_of_a_named_template_and_of_a_file(tmp_path, llama_path)
     body = msgspec.convert({"messages": CONVERSATIONS[1]}, ChatCompletionRequest)
     for arg in ("gemma-it", "llama-2"):
         ctx = types.SimpleNamespace(args=ServerArgs(model_path=str(llama_path), chat_template=arg),
-                                    manager=types.SimpleNamespace(tokenizer=tok, text_bound=TextBound(4096, 16)))
+                                    intake=types.SimpleNamespace(tokenizer=tok, text_bound=TextBound(4096, 16)))
         assert _chat_ids(ctx, body, None) == tok.encode(sglang_text(arg, CONVERSATIONS[1])[0])
     template = tmp_path / "chat.jinja"
     template.write_text(NAMED_TEMPLATES["llama-3-instruct"].source)
     ctx = types.SimpleNamespace(args=ServerArgs(model_path=str(llama_path), chat_template=str(template)),
-                                manager=types.SimpleNamespace(tokenizer=tok, text_bound=TextBound(4096, 16)))
+                                intake=types.SimpleNamespace(tokenizer=tok, text_bound=TextBound(4096, 16)))
     assert _chat_ids(ctx, body, None) == tok.apply_chat_template(
         CONVERSATIONS[1], chat_template=template.read_text(), add_generation_prompt=True, tokenize=True, return_dict=False)
 

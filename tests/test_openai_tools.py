@@ -128,8 +128,8 @@ def test_chat_template_override_and_parser_names_are_checked_at_start(tmp_path, 
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}")
     args = ServerArgs(model_path=str(llama_path), chat_template=str(template))
-    manager = SimpleNamespace(tokenizer=tokenizer(llama_path), text_bound=TextBound(4096, 16))
-    ctx = SimpleNamespace(args=args, manager=manager)
+    intake = SimpleNamespace(tokenizer=tokenizer(llama_path), text_bound=TextBound(4096, 16))
+    ctx = SimpleNamespace(args=args, intake=intake)
     body = msgspec.convert({"messages": [{"role": "user", "content": "hi there"}]}, ChatCompletionRequest)
     assert tokenizer(llama_path).decode(_chat_ids(ctx, body, None)) == "[user]hi there"
     with pytest.raises(ValueError, match="chat_template"):

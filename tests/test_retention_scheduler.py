@@ -185,7 +185,7 @@ def test_bounded_requests_under_pressure_are_retracted_and_still_complete():
 
 
 def refusal(door: RetentionRules, retention: dict | str) -> RequestError:
-    """What the door (TokenizerManager.prepare) raises for a request with this kv_retention."""
+    """What the door (Intake.prepare) raises for a request with this kv_retention."""
     with pytest.raises(RequestError) as e:
         door.resolve(parse_override(retention))
     return e.value

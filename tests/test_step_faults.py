@@ -29,7 +29,9 @@ def engine(llama_path):
 def submit(engine, ids: list[int], sampling: dict = GREEDY, **kw) -> tuple[ReqState, queue.SimpleQueue]:
     """A request past the door's checks; the queue gets an item at every update."""
     updates: queue.SimpleQueue[None] = queue.SimpleQueue()
-    return engine._manager.submit(ids, SamplingParams.from_dict(sampling), lambda: updates.put(None), **kw), updates
+    manager = engine._manager
+    prepared = manager.intake.unchecked(ids, SamplingParams.from_dict(sampling), **kw)
+    return manager.send([prepared], lambda: updates.put(None))[0], updates
 
 
 def wait(state: ReqState, updates: queue.SimpleQueue, until=lambda s: s.done, timeout: float = 60.0) -> None:

@@ -166,12 +166,8 @@ class GenerateInput:
 
     @classmethod
     def build(cls, max_n: int = DEFAULT_MAX_N, **fields: Any) -> GenerateInput:
-        """From Python values (Engine.generate's arguments); None means "not given"."""
-        try:
-            req = msgspec.convert({k: v for k, v in fields.items() if v is not None}, GenerateRequest)
-        except msgspec.ValidationError as e:
-            raise from_validation(e) from None
-        return cls.from_request(req, max_n)
+        """From Python values (generate_request's), checked against max_n."""
+        return cls.from_request(generate_request(**fields), max_n)
 
     @classmethod
     def from_request(cls, req: GenerateRequest, max_n: int = DEFAULT_MAX_N,
@@ -214,6 +210,14 @@ class GenerateInput:
                     require_reasoning=req.require_reasoning, stream=req.stream,
                 ))
         return cls(items, is_batch)
+
+
+def generate_request(**fields: Any) -> GenerateRequest:
+    """The request of Python values (Engine.generate's arguments); None means "not given"."""
+    try:
+        return msgspec.convert({k: v for k, v in fields.items() if v is not None}, GenerateRequest)
+    except msgspec.ValidationError as e:
+        raise from_validation(e) from None
 
 
 def _check_call_size(prompts: int, params: list[SamplingParams], most: int | None, field: str) -> None:

@@ -1,32 +1,39 @@
-"""Intake: a call's items checked and tokenized into PreparedReqs, before anything is sent.
+"""Intake: the frontend's door, in one pass. A call (a native GenerateRequest, or a GenerateInput
+the Engine or a readout route built) comes out as the PreparedReqs to send; nothing is sent here.
 
-Everything a request could be refused for at the door is found here, as a RequestError
-naming the field: a prompt that cannot fit the context (found from its length in
-characters before the tokenizer runs, then in tokens), ids outside the vocabulary,
-max_new_tokens beside the prompt, stop ids and top_logprobs_num against the vocabulary,
-text that is not valid Unicode, a grammar that does not compile, logprob options. A
-request under a bounded-KV retention policy has no context limit. The TokenizerManager
-registers and sends what comes out (all or nothing); it runs `prepare` in its thread pool.
+Everything a request could be refused for at the door is found in that pass, as a RequestError
+naming the field: the call's size (--max-n, --max-requests-per-call), a LoRA adapter that is
+not loaded, and each item's prompt and options (frontend/prompt_checks.py: the context, the
+vocabulary, Unicode, a grammar that does not compile, logprob options). `prepare_async` runs
+the pass in a small thread pool, so an HTTP event loop never stalls on a long prompt; the
+TokenizerManager registers and sends what comes out (all or nothing).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable
-
-import msgspec
+from pathlib import Path
+from typing import Any, Callable
 
 from radixrt.config import ServerArgs
-from radixrt.constrained.grammar import GrammarCompiler
-from radixrt.errors import RequestError
-from radixrt.frontend.generate_input import GenerateInput, GenerateItem
-from radixrt.frontend.text_bound import TextBound
-from radixrt.messages import TokenizedRequest
+from radixrt.frontend.generate_input import GenerateInput, GenerateItem, GenerateRequest
+from radixrt.frontend.lora_door import LoraDoor
+from radixrt.frontend.prompt_checks import PromptChecks, logprob_start
+from radixrt.frontend.readout_calls import SHARED_PREFIX_MIN_TOKENS, shared_prefix_len
+from radixrt.frontend.sampling_defaults import model_sampling_defaults
+from radixrt.messages import TokenizedRequest, WorkerReady
+from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
 from radixrt.retention.rules import RetentionRules
+from radixrt.sampling_params import SamplingParams
+from radixrt.settings.pooling import load_pooler
 from radixrt.settings.retention import Retention
+from radixrt.settings.scheduling import TenantSpec
 from radixrt.utils.stop_strings import StopStrings, StopStringsCache
+
+TOKENIZE_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -48,134 +55,88 @@ class PreparedReq:
                                 require_reasoning=it.require_reasoning, readout=it.readout, stream=it.stream)
 
 
+@dataclass(frozen=True)
+class PreparedCall:
+    """A whole call, checked and tokenized: what TokenizerManager.submit sends."""
+
+    reqs: list[PreparedReq]  # after n-expansion, in output order
+    is_batch: bool  # the caller gave a list: answer with a list
+    prefix: PreparedReq | None = None  # the prompts' shared prefix, prefilled alone first (share_prefix)
+
+
 class Intake:
-    def __init__(self, args: ServerArgs, tokenizer: Any, context_length: int, vocab_size: int,
-                 eos_ids: list[int], retention: RetentionRules) -> None:
-        """retention: resolves each request's kv_retention against the server's settings, once, here."""
-        self.args, self.tokenizer, self.retention = args, tokenizer, retention
-        self.context_length, self.vocab_size = context_length, vocab_size
-        self._eos_ids = list(eos_ids)
-        self._grammars: GrammarCompiler | None = None  # made on the first constrained request
-        self._grammar_lock = threading.Lock()  # prepare runs in several threads
-        max_token_bytes = max(len(t.encode("utf-8", "replace")) for t in tokenizer.get_vocab()) or 1
-        self.text_bound = TextBound(context_length, max_token_bytes)  # prompt text that could fit
+    def __init__(self, args: ServerArgs, tokenizer: Any, worker: WorkerReady, lora: LoraDoor) -> None:
+        """worker: what the loaded model decided (context, vocabulary, EOS ids, retention refusals);
+        lora: the adapters loaded, which a call may name."""
+        self.args, self.tokenizer, self.lora = args, tokenizer, lora
+        self.context_length, self.vocab_size = worker.context_length, worker.vocab_size
+        # resolves each request's kv_retention against the server's settings, once, here
+        self.retention = RetentionRules.for_worker(args.retention, worker)
+        self.checks = PromptChecks(args, tokenizer, worker)
+        self.text_bound = self.checks.text_bound  # prompt text that could fit (the chat door holds messages to it)
+        # generation_config.json's sampling values for chat requests that leave them unset (--sampling-defaults)
+        self.sampling_defaults = model_sampling_defaults(Path(args.model_path), args.sampling_defaults)
+        self.pooler = load_pooler(args.model_path, args.pooler_config)  # how /encode and /v1/embeddings pool
+        if self.pooler.head_labels and not args.is_embedding:
+            raise ValueError("this checkpoint is a sequence classifier (…ForSequenceClassification): it has no "
+                             "language-model head to generate with; launch it with --is-embedding")
         self._stop_strings = StopStringsCache()  # a call's n samples (and repeated lists) build theirs once
+        self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="radixrt-tokenize")
 
-    def tokenize(self, prompt: str | None, input_ids: list[int] | None, bounded: bool = False) -> list[int]:
-        """Token ids of one prompt, checked against the vocabulary and the context
-        (truncated to fit with --allow-auto-truncate). Raises RequestError. bounded: the request
-        runs under a retention policy, which keeps its KV within a budget: no context applies."""
-        if (prompt is None) == (input_ids is None):
-            raise RequestError("give exactly one of prompt (text) or input_ids", "text")
-        room = self.context_length - 1 if not bounded else 1 << 62  # room for at least one generated token
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise RequestError(f"prompt must be a string, got {type(prompt).__name__}", "text")
-            # a text that cannot fit is refused (or cut) before the tokenizer spends seconds on it
-            prompt = self.text_bound.fit(prompt, bounded, self.args.allow_auto_truncate, "text")
-            _check_unicode(prompt, "text")
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
-        else:
-            check_in_vocabulary(input_ids, self.vocab_size, "input_ids")
-            ids = list(input_ids)
-        if not ids:
-            raise RequestError("prompt is empty", "text" if prompt is not None else "input_ids")
-        if len(ids) > room:
-            if not self.args.allow_auto_truncate:
-                raise RequestError(f"the prompt has {len(ids)} tokens; the context length is {self.context_length}",
-                                   "text" if prompt is not None else "input_ids")
-            del ids[room:]
-        return ids
-
-    def prepare(self, gen: GenerateInput) -> list[PreparedReq]:
-        """Tokenize and validate every item of a call (nothing is sent). Raises RequestError."""
+    def prepare(self, call: GenerateRequest | GenerateInput, *, tenant: TenantSpec | None = None,
+                max_requests: int | None = None, share_prefix: bool = False) -> PreparedCall:
+        """The whole door for one call: its items (a request's checked against --max-n and
+        max_requests; None: any number, the Engine's offline batches), under the caller's tenant,
+        each checked, tokenized and prepared. share_prefix: when the prompts share a long prefix,
+        it becomes a prefill-only request of its own, sent first so that all of them find it in
+        the radix cache instead of each computing it in the same step. Raises RequestError."""
+        gen = call if isinstance(call, GenerateInput) else GenerateInput.from_request(call, self.args.max_n,
+                                                                                       max_requests)
+        if tenant is not None:
+            gen = gen.for_tenant(tenant.tenant, tenant.share_cache)
+        self.lora.check(gen)
         memo: dict[int, list[int]] = {}  # the n samples of one prompt share its tokens
-        out = []
+        reqs = []
         for item in gen.items:
             retention = self.retention.resolve(item.sampling.kv_retention)
             key = id(item.prompt if item.prompt is not None else item.input_ids)
             if key not in memo:
-                memo[key] = self.tokenize(item.prompt, item.input_ids, retention is not None)
-            ids = memo[key]
-            item = self._fit_to_context(item, len(ids), retention is not None)
-            self._check_item(item)
-            start = logprob_start(len(ids), item.return_logprob, item.logprob_start_len, item.top_logprobs_num)
-            stops = self._stop_strings.get(item.sampling.stop) if item.sampling.stop else None
-            out.append(PreparedReq(ids, item, start, stops, retention))
-        return out
+                memo[key] = self.checks.tokenize(item.prompt, item.input_ids, retention is not None)
+            reqs.append(self._prepared(memo[key], self.checks.item(item, len(memo[key]), retention is not None),
+                                       retention))
+        return PreparedCall(reqs, gen.is_batch, self._shared_prefix(reqs) if share_prefix else None)
 
-    def _fit_to_context(self, item: GenerateItem, prompt_len: int, bounded: bool) -> GenerateItem:
-        """SGLang's rules: max_new_tokens null runs until a stop or the context limit; a number the
-        client gave must fit beside the prompt in the context, else a 400 (with --allow-auto-truncate:
-        cut to what fits). The default (128) is not checked: generation stops at the context anyway.
-        bounded: the request runs under a retention policy, which no context limits."""
-        sp, room = item.sampling, max(0, self.context_length - prompt_len)
-        if sp.max_new_tokens is None:  # under a retention policy too: null keeps SGLang's meaning
-            return _with_max_new_tokens(item, max(room, 1))
-        if bounded or not item.max_tokens_given or prompt_len + sp.max_new_tokens < self.context_length:
-            return item
-        if not self.args.allow_auto_truncate:
-            raise RequestError(
-                f"the prompt ({prompt_len} tokens) plus max_new_tokens ({sp.max_new_tokens}) exceeds "
-                f"the context length of {self.context_length} tokens (--allow-auto-truncate cuts it instead)",
-                "max_new_tokens")
-        return _with_max_new_tokens(item, room)
+    async def prepare_async(self, call: GenerateRequest | GenerateInput, **options: Any) -> PreparedCall:
+        """prepare (options: its keywords) in the thread pool, off the event loop."""
+        return await self.run_off_loop(lambda: self.prepare(call, **options))
 
-    def _check_item(self, item: GenerateItem) -> None:
-        check_in_vocabulary(item.sampling.stop_token_ids, self.vocab_size, "stop_token_ids")
-        check_in_vocabulary(item.sampling.logit_bias, self.vocab_size, "logit_bias")  # SGLang's check too
-        if item.top_logprobs_num > self.vocab_size:
-            raise RequestError(f"top_logprobs_num must be <= the vocabulary size {self.vocab_size}, "
-                               f"got {item.top_logprobs_num}", "top_logprobs_num")
-        for s in item.sampling.stop:
-            _check_unicode(s, "stop")
-        for s in item.sampling.stop_regex:
-            _check_unicode(s, "stop_regex")
-        if item.sampling.constraint is not None:
-            self._grammar_compiler().compile(*item.sampling.constraint)  # a bad grammar is a 400 here
-        ns = item.namespace
-        for value, name in ((item.rid, "rid"), (ns.salt, "cache_salt"), (ns.extra_key, "extra_key")):
-            if value is not None:
-                _check_unicode(value, name)
+    async def run_off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run other heavy input work (decoding a body, a chat template) in the same pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    def _grammar_compiler(self) -> GrammarCompiler:
-        with self._grammar_lock:
-            if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self._eos_ids,
-                                                 max_whitespace=self.args.json_max_whitespace)
-            return self._grammars
+    def unchecked(self, ids: list[int], sampling: SamplingParams, *, rid: str | None = None,
+                  return_logprob: bool = False, logprob_start_len: int | None = None, top_logprobs_num: int = 0,
+                  return_text_in_logprobs: bool = False, namespace: CacheNamespace = DEFAULT_NAMESPACE) -> PreparedReq:
+        """One already tokenized request as is: no door checks beyond the logprob options and its
+        retention settings (tests that go past the door on purpose)."""
+        item = GenerateItem(prompt=None, input_ids=ids, sampling=sampling, rid=rid, return_logprob=return_logprob,
+                            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                            return_text_in_logprobs=return_text_in_logprobs, namespace=namespace)
+        return self._prepared(list(ids), item, self.retention.resolve(sampling.kv_retention))
 
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
-def check_in_vocabulary(ids: Iterable[int], vocab_size: int, field: str) -> None:
-    """RequestError naming `field` for the first id outside [0, vocab_size), the model's vocabulary
-    (its logits' width)."""
-    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
-    if bad is not None:
-        raise RequestError(f"{field} contains {bad}, outside the vocabulary of {vocab_size}", field)
+    def _prepared(self, ids: list[int], item: GenerateItem, retention: Retention | None) -> PreparedReq:
+        start = logprob_start(len(ids), item.return_logprob, item.logprob_start_len, item.top_logprobs_num)
+        stops = self._stop_strings.get(item.sampling.stop) if item.sampling.stop else None
+        return PreparedReq(ids, item, start, stops, retention)
 
-
-def _with_max_new_tokens(item: GenerateItem, n: int) -> GenerateItem:
-    sampling = msgspec.structs.replace(item.sampling, max_new_tokens=n, min_new_tokens=min(item.sampling.min_new_tokens, n))
-    return dataclasses.replace(item, sampling=sampling)
-
-
-def _check_unicode(text: str, field: str) -> None:
-    """Lone surrogates cannot be tokenized nor sent: refuse them, naming the field."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise RequestError(f"{field} is not valid Unicode: {e.reason} at position {e.start}", field) from None
-
-
-def logprob_start(prompt_len: int, return_logprob: bool, start: int | None, top_n: int) -> int:
-    """Validate logprob options; without a start, one prompt logprob comes back (SGLang's default)."""
-    if top_n < 0:
-        raise RequestError(f"top_logprobs_num must be >= 0, got {top_n}", "top_logprobs_num")
-    if not return_logprob:
-        return -1
-    if start is None or start == -1:
-        return prompt_len - 1
-    if not 0 <= start < prompt_len:
-        raise RequestError(f"logprob_start_len must be in [0, {prompt_len}) for this prompt, got {start}",
-                           "logprob_start_len")
-    return start
+    def _shared_prefix(self, reqs: list[PreparedReq]) -> PreparedReq | None:
+        """A prefill-only request of the call's shared prefix, when it is long enough to be worth one."""
+        n = shared_prefix_len([p.ids for p in reqs], max(SHARED_PREFIX_MIN_TOKENS, self.args.page_size))
+        if not n:
+            return None
+        first = reqs[0]
+        item = dataclasses.replace(first.item, rid=None, readout=None, log_metrics=False)
+        return PreparedReq(first.ids[:n], item, -1, retention=first.retention)

@@ -21,7 +21,7 @@ from radixrt.sampling_params import SamplingParams
 Prompt = tuple[str | None, list[int] | None]  # (text, token ids): exactly one is given
 ENCODING_FORMATS = ("float", "base64")
 # A call's prompts sharing at least this many leading tokens have them prefilled once, first
-# (TokenizerManager.submit_all_async's share_prefix): a score's query, a reranker's template and query
+# (Intake.prepare's share_prefix): a score's query, a reranker's template and query
 SHARED_PREFIX_MIN_TOKENS = 16
 
 

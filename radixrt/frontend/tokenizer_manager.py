@@ -1,12 +1,11 @@
-"""TokenizerManager: the front door to the scheduler.
+"""TokenizerManager: sends prepared calls to the scheduler and tracks their requests.
 
-Has each call validated and tokenized (frontend/intake.py; off the caller's
-thread when asked: `submit_all_async` tokenizes in a small thread pool so an
-HTTP event loop never stalls on a long prompt), registers its requests and
-sends them to the scheduler, and routes the scheduler's per-step outputs to
-each request's state from one receiving thread (which blocks on its socket; a
-one-second timeout lets it notice a dead backend). Callers wait on their own
-notification, sync or async.
+A call comes in checked and tokenized (frontend/intake.py, the door, which the manager
+holds for its callers); `submit` registers its requests and sends them, all or nothing,
+and one receiving thread routes the scheduler's per-step outputs to each request's state
+(it blocks on its socket; a one-second timeout lets it notice a dead backend). Callers
+wait on their own notification, sync or async. Control calls (stats, flush_cache, weight
+updates, LoRA adapters) are sent here and answered on the same thread.
 
 Lifecycle guarantees: a call is validated whole before any of it is sent (a
 refused call leaves nothing running and no rid taken); if the receiving thread
@@ -17,14 +16,10 @@ the reason instead of hanging.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import zmq
@@ -33,13 +28,10 @@ from radixrt.config import ServerArgs
 from radixrt.errors import RequestError
 from radixrt.frontend.cache_report import CacheDiagnosis
 from radixrt.frontend.detokenizer import IncrementalDetokenizer
-from radixrt.frontend.generate_input import GenerateInput, GenerateItem
-from radixrt.frontend.intake import Intake, PreparedReq, logprob_start
+from radixrt.frontend.intake import Intake, PreparedCall, PreparedReq
 from radixrt.frontend.lora_door import LoraDoor
-from radixrt.frontend.readout_calls import SHARED_PREFIX_MIN_TOKENS, shared_prefix_len
 from radixrt.frontend.req_state import ReqState
-from radixrt.frontend.sampling_defaults import model_sampling_defaults
-from radixrt.frontend.weights import ServedWeights, UpdateWeightsResult
+from radixrt.frontend.weights import ServedWeights, WeightUpdates
 from radixrt.ipc import Receiver, Sender
 from radixrt.messages import (
     AbortRequest,
@@ -54,20 +46,14 @@ from radixrt.messages import (
     SchedulerToFrontend,
     Shutdown,
     TokenBatchOut,
-    UpdateWeights,
     WeightsUpdateReply,
     WorkerReady,
 )
-from radixrt.namespace import DEFAULT_NAMESPACE, CacheNamespace
-from radixrt.settings.pooling import load_pooler
-from radixrt.retention.rules import RetentionRules
-from radixrt.sampling_params import SamplingParams
-from radixrt.utils.checkpoint_meta import incompatibility
 from radixrt.utils.fast_tokenizer import load_tokenizer_files
 from radixrt.utils.procs import Addresses
 
 logger = logging.getLogger(__name__)
-TOKENIZE_THREADS = 4
+ControlAnswer = ControlReply | WeightsUpdateReply | LoraUpdateReply
 
 
 def load_tokenizer(args: ServerArgs) -> Any:
@@ -77,16 +63,6 @@ def load_tokenizer(args: ServerArgs) -> Any:
 
 class BackendDied(RuntimeError):
     """A scheduler or worker process exited while the frontend was running."""
-
-
-@dataclass
-class WeightsChange:
-    """A weight update the scheduler is running: what serves once it succeeds, and the requests
-    sent meanwhile (they wait for it, so they will be served by the new weights)."""
-
-    query_id: str
-    weights: ServedWeights  # fingerprint filled in from the reply
-    submitted: list[ReqState]
 
 
 # what the worker decided at load (WorkerReady's fields), each with its reason, for /get_server_info
@@ -109,100 +85,59 @@ class TokenizerManager:
         as the user named it (default args.model_path), which /get_model_info reports; tokenizer:
         load_tokenizer(args), when the caller loaded it already (while the processes started)."""
         self.args = args
-        self.weights = ServedWeights(model_path or args.model_path, args.model_path, worker.weights_fingerprint,
-                                     args.weight_version)
-        self._weights_change: WeightsChange | None = None
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(args)
-        # generation_config.json's sampling values for chat requests that leave them unset (--sampling-defaults)
-        self.sampling_defaults = model_sampling_defaults(Path(args.model_path), args.sampling_defaults)
-        self.context_length = worker.context_length
-        self.vocab_size = worker.vocab_size
-        self.pooler = load_pooler(args.model_path, args.pooler_config)  # how /encode and /v1/embeddings pool
-        if self.pooler.head_labels and not args.is_embedding:
-            raise ValueError("this checkpoint is a sequence classifier (…ForSequenceClassification): it has no "
-                             "language-model head to generate with; launch it with --is-embedding")
-        # what the worker decided at load, for /get_server_info
-        self.worker_info = {f: getattr(worker, f) for f in WORKER_INFO}
-        # checks and tokenizes every call before any of it is sent
-        self.intake = Intake(args, self.tokenizer, worker.context_length, worker.vocab_size, worker.eos_ids,
-                             RetentionRules.for_worker(args.retention, worker))
-        self.text_bound = self.intake.text_bound  # prompt text that could fit (the chat door holds messages to it)
-        self._check_alive = check_alive  # -> None, or why the backend is gone
-        self._observer = observer  # sees every output before it is applied (metrics)
+        self._lock = threading.Lock()  # guards _states, _control_waiters, the sender and weight updates
+        self._states: dict[str, ReqState] = {}
+        self._control_waiters: dict[str, queue.SimpleQueue[ControlAnswer | BackendDied]] = {}
+        self.weight_updates = WeightUpdates(ServedWeights(model_path or args.model_path, args.model_path,
+                                                          worker.weights_fingerprint, args.weight_version),
+                                            self._ask, self._lock)
+        self.lora = LoraDoor(args.lora, self._ask)  # /load_lora_adapter, /unload_lora_adapter, /v1/models
+        # checks, tokenizes and prepares every call before any of it is sent (its callers run it)
+        self.intake = Intake(args, tokenizer if tokenizer is not None else load_tokenizer(args), worker, self.lora)
+        self.tokenizer = self.intake.tokenizer
+        self.worker_info = {f: getattr(worker, f) for f in WORKER_INFO}  # for /get_server_info
         # why prompts miss the prefix cache: fed with every finished request (GET /cache_report)
         self.cache_report = CacheDiagnosis(cache_enabled=not args.disable_radix_cache)
-        self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="radixrt-tokenize")
+        self._check_alive = check_alive  # -> None, or why the backend is gone
+        self._observer = observer  # sees every output before it is applied (metrics)
         self._ctx = zmq.Context()
         self._to_scheduler: Sender[FrontendMsg] = Sender(self._ctx, addrs.scheduler_in)
         self._from_scheduler: Receiver[SchedulerToFrontend] = Receiver(self._ctx, addrs.frontend_in, SchedulerToFrontend)
         # close() wakes the receiving thread through its own socket instead of waiting out its receive timeout
         self._wake: Sender[SchedulerToFrontend] = Sender(self._ctx, addrs.frontend_in)
-        self._control_waiters: dict[str, queue.SimpleQueue[ControlReply | WeightsUpdateReply | LoraUpdateReply |
-                                                            BackendDied]] = {}
-        self._states: dict[str, ReqState] = {}
-        self._lock = threading.Lock()  # guards _states, _control_waiters and the sender
         self.dead: str | None = None
         self._closed = threading.Event()
-        self.lora = LoraDoor(args.lora, self._ask)  # /load_lora_adapter, /unload_lora_adapter, /v1/models
         self._thread = threading.Thread(target=self._receive_loop, name="radixrt-frontend-recv", daemon=True)
         self._thread.start()
 
+    @property
+    def weights(self) -> ServedWeights:
+        """The weights now served (what /get_model_info and every result report)."""
+        return self.weight_updates.served
+
     # -- input -----------------------------------------------------------------
 
-    def submit(self, ids: list[int], sampling: SamplingParams, notify: Callable[[], None], *, rid: str | None = None,
-               return_logprob: bool = False, logprob_start_len: int | None = None, top_logprobs_num: int = 0,
-               return_text_in_logprobs: bool = False, namespace: CacheNamespace = DEFAULT_NAMESPACE) -> ReqState:
-        """Send one already tokenized request as is (no door checks beyond the logprob options and
-        its retention settings)."""
-        item = GenerateItem(prompt=None, input_ids=ids, sampling=sampling, rid=rid, return_logprob=return_logprob,
-                            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                            return_text_in_logprobs=return_text_in_logprobs, namespace=namespace)
-        start = logprob_start(len(ids), return_logprob, logprob_start_len, top_logprobs_num)
-        retention = self.intake.retention.resolve(sampling.kv_retention)
-        return self.submit_prepared([PreparedReq(list(ids), item, start, retention=retention)], notify)[0]
-
-    def submit_all(self, gen: GenerateInput, notify: Callable[[], None], share_prefix: bool = False) -> list[ReqState]:
-        """Validate every item, then send them all (nothing is sent if one is bad); share_prefix:
-        as submit_all_async's."""
-        self.lora.check(gen)
-        prepared = self.intake.prepare(gen)
-        if share_prefix and (prefix := self._shared_prefix(prepared)) is not None:
+    def submit(self, call: PreparedCall, notify: Callable[[], None]) -> list[ReqState]:
+        """Send a prepared call (its shared prefix first, waited for); notify: called at every update."""
+        if call.prefix is not None:
             updated: queue.SimpleQueue[None] = queue.SimpleQueue()
-            [state] = self.submit_prepared([prefix], lambda: updated.put(None))
+            [state] = self.send([call.prefix], lambda: updated.put(None))
             while not state.done:
                 updated.get()
-        return self.submit_prepared(prepared, notify)
+        return self.send(call.reqs, notify)
 
-    async def submit_all_async(self, gen: GenerateInput, notify: Callable[[], None],
-                               share_prefix: bool = False) -> list[ReqState]:
-        """submit_all with the tokenizing done in the thread pool, off the event loop. share_prefix:
-        when the call's prompts share a long prefix, it is prefilled alone first (awaited), so that
-        all of them find it in the radix cache instead of each computing it in the same step."""
-        self.lora.check(gen)
-        prepared = await asyncio.get_running_loop().run_in_executor(self._pool, self.intake.prepare, gen)
-        if share_prefix and (prefix := self._shared_prefix(prepared)) is not None:
+    async def submit_async(self, call: PreparedCall, notify: Callable[[], None]) -> list[ReqState]:
+        """submit, its shared prefix awaited on the event loop instead."""
+        if call.prefix is not None:
             loop, updated = asyncio.get_running_loop(), asyncio.Event()
-            [state] = self.submit_prepared([prefix], lambda: loop.call_soon_threadsafe(updated.set))
+            [state] = self.send([call.prefix], lambda: loop.call_soon_threadsafe(updated.set))
             while not state.done:
                 await updated.wait()
                 updated.clear()
-        return self.submit_prepared(prepared, notify)
+        return self.send(call.reqs, notify)
 
-    def _shared_prefix(self, prepared: list[PreparedReq]) -> PreparedReq | None:
-        """A prefill-only request of the call's shared prefix, when it is long enough to be worth one."""
-        n = shared_prefix_len([p.ids for p in prepared], max(SHARED_PREFIX_MIN_TOKENS, self.args.page_size))
-        if not n:
-            return None
-        first = prepared[0]
-        item = dataclasses.replace(first.item, rid=None, readout=None, log_metrics=False)
-        return PreparedReq(first.ids[:n], item, -1, retention=first.retention)
-
-    async def run_off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run other heavy input work (a chat template) in the tokenizing pool."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
-    def submit_prepared(self, prepared: list[PreparedReq], notify: Callable[[], None]) -> list[ReqState]:
-        """Register and send a validated call, all or nothing: a taken rid refuses the whole call."""
+    def send(self, prepared: list[PreparedReq], notify: Callable[[], None]) -> list[ReqState]:
+        """Register and send prepared requests, all or nothing: a taken rid refuses the whole call."""
         if self.dead:
             raise BackendDied(self.dead)
         states, msgs = [], []
@@ -221,8 +156,7 @@ class TokenizerManager:
                     raise RequestError(f"rid {s.rid!r} is already in use", "rid")
                 rids.add(s.rid)
             self._states.update((s.rid, s) for s in states)
-            if self._weights_change is not None:  # they wait for the update: the new weights serve them
-                self._weights_change.submitted += states
+            self.weight_updates.sent(states)
             sent = 0
             try:
                 for msg in msgs:
@@ -272,54 +206,6 @@ class TokenizerManager:
         Raises BackendDied when the backend is gone, TimeoutError when it does not answer."""
         return self._ask(FlushCache, "flush_cache", timeout)
 
-    def update_weights_from_disk(
-        self, local_path: str, model_path: str, abort_all_requests: bool = False, weight_version: str | None = None,
-        timeout: float | None = None,
-    ) -> UpdateWeightsResult:
-        """Serve the weights of the checkpoint at local_path (model_path: as the user named it). A
-        checkpoint that does not fit the running model (architecture, tensor names or shapes, read
-        from headers) is refused at once; otherwise requests sent before this finish on the old
-        weights (or are aborted, with abort_all_requests), later ones wait, and the call returns
-        once the new weights serve (timeout None: however long the old requests take).
-        weight_version (SGLang's): the label results report from now on (None: unchanged).
-        Raises BackendDied, TimeoutError."""
-        why = incompatibility(self.weights.local_path, local_path)
-        if why is not None:
-            return UpdateWeightsResult(False, f"{why}; the weights of {self.weights.model_path} keep serving")
-        new = ServedWeights(model_path, local_path, "", weight_version or self.weights.version)
-
-        def query(query_id: str) -> UpdateWeights:  # called under the lock, as the message is sent
-            if self._weights_change is not None:
-                raise RequestError("another weight update is in progress", "model_path")
-            self._weights_change = WeightsChange(query_id, new, [])
-            return UpdateWeights(query_id, local_path, abort_all_requests)
-
-        try:
-            reply = self._ask(query, "update_weights_from_disk", timeout)
-        except BaseException:
-            with self._lock:
-                if self._weights_change is not None and self._weights_change.weights is new:
-                    self._weights_change = None
-            raise
-        message = reply.message + (f" Weight version updated to {weight_version}." if reply.success and weight_version else "")
-        return UpdateWeightsResult(reply.success, message, reply.num_paused_requests)
-
-    def _apply_weights_change(self, reply: WeightsUpdateReply) -> None:
-        """On the receiving thread, before any later output: the requests that waited for the
-        update report the version that served them."""
-        with self._lock:
-            change = self._weights_change
-            if change is None or change.query_id != reply.query_id:
-                return  # a refusal of another call: the update under way is not this one
-            self._weights_change = None
-        if not reply.success:
-            return
-        self.weights = dataclasses.replace(change.weights, fingerprint=reply.weights_fingerprint)
-        for s in change.submitted:
-            s.weight_version = self.weights.version
-        logger.info("now serving the weights of %s (fingerprint %s, version %s)", self.weights.model_path,
-                    self.weights.fingerprint, self.weights.version)
-
     def _ask(self, query: Callable[[str], ControlQuery], what: str, timeout: float | None) -> Any:
         """Send query(a fresh query id) and wait for the scheduler's reply (what: its name in the timeout error)."""
         if self.dead:
@@ -361,7 +247,7 @@ class TokenizerManager:
 
     def _dispatch(self, msg: SchedulerToFrontend) -> None:
         if isinstance(msg, WeightsUpdateReply):
-            self._apply_weights_change(msg)
+            self.weight_updates.applied(msg)
         if isinstance(msg, (ControlReply, WeightsUpdateReply, LoraUpdateReply)):
             with self._lock:
                 box = self._control_waiters.get(msg.query_id)
@@ -421,6 +307,6 @@ class TokenizerManager:
                 self._to_scheduler.send(Shutdown())
         self._wake.send(TokenBatchOut([]))  # the receiving thread sees _closed at once
         self._thread.join(timeout=5)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.intake.close()
         self._ctx.destroy(linger=0)
 

@@ -1,6 +1,6 @@
 """What both HTTP APIs (native_api.py, openai_api.py) are built from: the server's context,
-ApiError and its JSON body, reading a typed body under --max-request-bytes, a call's
-requests awaited on the event loop (Submission), and JSON / server-sent-event encoding
+ApiError and its JSON body, reading a typed body under --max-request-bytes, a call through
+the door (prepare) and its requests awaited on the event loop (Submission), and JSON / server-sent-event encoding
 (event_stream: the one way every stream is answered)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 from radixrt.config import ServerArgs
 from radixrt.config_views import HttpConfig
 from radixrt.frontend.generate_input import GenerateInput, GenerateRequest
+from radixrt.frontend.intake import Intake, PreparedCall
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import TokenizerManager
 from radixrt.settings.scheduling import TenantSpec
@@ -56,6 +57,11 @@ class ServerContext:
     def unavailable(self) -> str | None:
         """Why the server cannot take a request now, or None."""
         return self.dead or self.manager.dead or self.check_alive() or self.draining
+
+    @property
+    def intake(self) -> Intake:
+        """The door every call goes through (checks, tokenizing, the prepared requests) and its thread pool."""
+        return self.manager.intake
 
 
 def json_response(data: Any, status: int = 200) -> Response:
@@ -108,15 +114,17 @@ def _too_large(limit: int) -> ApiError:
 
 async def read_typed(ctx: ServerContext, request: Request, kind: type) -> Any:
     raw = await read_body(request, ctx.http.max_request_bytes)
-    return await ctx.manager.run_off_loop(decode_body, raw, kind)
+    return await ctx.intake.run_off_loop(decode_body, raw, kind)
 
 
-async def generate_input(ctx: ServerContext, req: GenerateRequest, request: Request) -> GenerateInput:
-    """The call's items, built off the event loop (a list of thousands of prompts takes a while),
-    under the tenant the caller's key names (the door put it in request.state)."""
-    gen = await ctx.manager.run_off_loop(GenerateInput.from_request, req, ctx.http.max_n, ctx.http.max_requests_per_call)
-    tenant: TenantSpec | None = getattr(request.state, "tenant", None)
-    return gen if tenant is None else gen.for_tenant(tenant.tenant, tenant.share_cache)
+async def prepare(ctx: ServerContext, call: GenerateRequest | GenerateInput, request: Request | None,
+                  share_prefix: bool = False) -> PreparedCall:
+    """The call through the door in one pass (Intake.prepare), off the event loop (a list of
+    thousands of prompts takes a while), under the tenant the caller's key names (the door put
+    it in request.state; None: no caller, a health probe)."""
+    tenant: TenantSpec | None = getattr(request.state, "tenant", None) if request is not None else None
+    return await ctx.intake.prepare_async(call, tenant=tenant, max_requests=ctx.http.max_requests_per_call,
+                                          share_prefix=share_prefix)
 
 
 class Submission:
@@ -128,13 +136,13 @@ class Submission:
         self._aborted = False
 
     @classmethod
-    async def start(cls, ctx: ServerContext, gen: GenerateInput, share_prefix: bool = False) -> Submission:
+    async def start(cls, ctx: ServerContext, call: PreparedCall) -> Submission:
+        """Send a prepared call (http_common.prepare), unless the server cannot take requests now (a 503)."""
         why = ctx.unavailable()
         if why:
             raise ApiError(503, f"the server cannot take requests: {why}", type="server_error")
         sub, loop = cls(ctx), asyncio.get_running_loop()
-        sub.states = await ctx.manager.submit_all_async(gen, lambda: loop.call_soon_threadsafe(sub.updates.put_nowait, None),
-                                                        share_prefix)
+        sub.states = await ctx.manager.submit_async(call, lambda: loop.call_soon_threadsafe(sub.updates.put_nowait, None))
         return sub
 
     async def wait(self, request: Request) -> bool:

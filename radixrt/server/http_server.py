@@ -3,9 +3,9 @@
 create_app puts SGLang's native API (native_api.py, lora_api.py, tokenize_api.py) and the
 OpenAI one (openai_api.py) behind one middleware; both are built from http_common.py.
 Every handler reads its body under --max-request-bytes, decodes it into a
-typed struct (radixrt/server/schemas.py), submits through the
-TokenizerManager (tokenizing off the event loop) and awaits its requests on
-the event loop (the manager's receiving thread wakes it). A client that goes
+typed struct (radixrt/server/schemas.py), has the door check and tokenize the
+call in one pass (frontend/intake.py, off the event loop), submits it through
+the TokenizerManager and awaits its requests on the event loop (the manager's receiving thread wakes it). A client that goes
 away aborts its requests, so their pages come back. Keys: access.py; a route
 that takes no key refuses what a web page could send instead (browser_guard.py).
 

@@ -24,13 +24,13 @@ def add_lora_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/load_lora_adapter", openapi_extra=body_schema("LoadLoraAdapterBody"))
     async def load_lora_adapter(request: Request) -> Response:
         body: LoadLoraAdapterBody = await read_typed(ctx, request, LoadLoraAdapterBody)
-        reply = await ctx.manager.run_off_loop(ctx.manager.lora.load, body.lora_name, body.lora_path, body.pinned)
+        reply = await ctx.intake.run_off_loop(ctx.manager.lora.load, body.lora_name, body.lora_path, body.pinned)
         return _answer(reply)
 
     @app.post("/unload_lora_adapter", openapi_extra=body_schema("UnloadLoraAdapterBody"))
     async def unload_lora_adapter(request: Request) -> Response:
         body: UnloadLoraAdapterBody = await read_typed(ctx, request, UnloadLoraAdapterBody)
-        return _answer(await ctx.manager.run_off_loop(ctx.manager.lora.unload, body.lora_name))
+        return _answer(await ctx.intake.run_off_loop(ctx.manager.lora.unload, body.lora_name))
 
 
 def _answer(reply: LoraUpdateReply) -> Response:

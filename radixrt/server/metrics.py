@@ -13,6 +13,7 @@ One CollectorRegistry per server (no module-level state).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -271,6 +272,20 @@ def cached_by_source(cached: int, details: CachedTokensDetail | None) -> dict[st
     return {source: n for source, n in out.items() if n > 0}
 
 
+@dataclass(frozen=True)
+class _Labelled:
+    """Makes a server's metrics labelled with its model_name (SGLang's label), in its registry."""
+
+    registry: CollectorRegistry
+    model_name: str
+
+    def hist(self, name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(name, help_text, ["model_name"], buckets=buckets, registry=self.registry).labels(self.model_name)
+
+    def count(self, name: str, help_text: str) -> Counter:
+        return Counter(name, help_text, ["model_name"], registry=self.registry).labels(self.model_name)
+
+
 class ServerMetrics:
     def __init__(self, scheduler_stats: Callable[[], SchedulerStats],
                  cache_report: Callable[[], dict[str, Any]] | None = None, model_name: str = "",
@@ -280,37 +295,47 @@ class ServerMetrics:
         values this server reports (cache_sources), each shown from 0."""
         self.registry = r = CollectorRegistry()
         self.model = model_name
-        m = ["model_name"]
+        # NOTE: registered in the order /metrics lists them
+        self._add_request_histograms(_Labelled(r, model_name))
+        self._add_counters(_Labelled(r, model_name), sources)
+        self.divergence = Histogram("radixrt:cache_divergence_tokens",
+                                    "where each prompt diverged from its cached match (fully matched: its length)",
+                                    buckets=DIVERGENCE_BUCKETS, registry=r)
+        r.register(_SchedulerCollector(scheduler_stats, model_name))
+        if cache_report is not None:
+            r.register(_CacheReportCollector(cache_report))
 
-        def hist(name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, help_text, m, buckets=buckets, registry=r).labels(model_name)
-
-        def count(name: str, help_text: str) -> Counter:
-            return Counter(name, help_text, m, registry=r).labels(model_name)
-
-        self.ttft = hist("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
-        self.itl = hist("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
-        self.e2e = hist("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-                        E2E_BUCKETS)
+    def _add_request_histograms(self, m: _Labelled) -> None:
+        """Each request's latencies, lengths and cached share."""
+        self.ttft = m.hist("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                           TTFT_BUCKETS)
+        self.itl = m.hist("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                          ITL_BUCKETS)
+        self.e2e = m.hist("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+                          E2E_BUCKETS)
         # SGLang's scheduler observes queueing, so it has the scheduler's labels
         self.queue_time = Histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
-                                    m + list(SCHEDULER_LABELS), buckets=QUEUE_BUCKETS,
-                                    registry=r).labels(model_name, *SCHEDULER_LABELS.values())
-        self.prompt_len = hist("sglang:prompt_tokens_histogram", "Histogram of prompt token length.", TOKEN_BUCKETS)
-        self.output_len = hist("sglang:generation_tokens_histogram", "Histogram of generation token length.",
-                               TOKEN_BUCKETS)
-        self.tpot = hist("radixrt:time_per_output_token_seconds", "each request's mean time between output tokens "
-                         "after its first (requests with two or more)", ITL_BUCKETS)
-        self.cached_fraction = hist("radixrt:request_cached_fraction", "each request's cached prompt tokens / prompt "
-                                    "tokens", FRACTION_BUCKETS)
-        self.prompt_tokens = count("sglang:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = count("sglang:generation_tokens", "Number of generation tokens processed.")
+                                    ["model_name", *SCHEDULER_LABELS], buckets=QUEUE_BUCKETS,
+                                    registry=m.registry).labels(m.model_name, *SCHEDULER_LABELS.values())
+        self.prompt_len = m.hist("sglang:prompt_tokens_histogram", "Histogram of prompt token length.", TOKEN_BUCKETS)
+        self.output_len = m.hist("sglang:generation_tokens_histogram", "Histogram of generation token length.",
+                                 TOKEN_BUCKETS)
+        self.tpot = m.hist("radixrt:time_per_output_token_seconds", "each request's mean time between output tokens "
+                           "after its first (requests with two or more)", ITL_BUCKETS)
+        self.cached_fraction = m.hist("radixrt:request_cached_fraction", "each request's cached prompt tokens / "
+                                      "prompt tokens", FRACTION_BUCKETS)
+
+    def _add_counters(self, m: _Labelled, sources: tuple[str, ...]) -> None:
+        """Tokens and requests processed, aborts, and the HTTP door's refusals and errors."""
+        r = m.registry
+        self.prompt_tokens = m.count("sglang:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = m.count("sglang:generation_tokens", "Number of generation tokens processed.")
         self.cached_tokens = Counter("sglang:cached_tokens", "Number of cached prompt tokens by source "
-                                     "(device/host/storage).", m + ["cache_source"], registry=r)
+                                     "(device/host/storage).", ["model_name", "cache_source"], registry=r)
         for source in sources:
-            self.cached_tokens.labels(model_name, source)
-        self.num_requests = count("sglang:num_requests", "Number of requests processed.")
-        self.aborted = count("sglang:num_aborted_requests", "Number of requests aborted.")
+            self.cached_tokens.labels(m.model_name, source)
+        self.num_requests = m.count("sglang:num_requests", "Number of requests processed.")
+        self.aborted = m.count("sglang:num_aborted_requests", "Number of requests aborted.")
         self.aborted_by_cause = Counter("radixrt:aborted_requests", "requests a client aborted, by cause (abort_request, "
                                         "client_disconnected)", ["cause"], registry=r)
         self.requests = Counter("radixrt:requests", "finished requests by finish reason", ["finish_reason"], registry=r)
@@ -318,12 +343,6 @@ class ServerMetrics:
                                "named, or the kind)", ["status", "cause"], registry=r)
         self.internal_errors = Counter("radixrt:internal_errors", "requests answered 5xx, by status and cause",
                                        ["status", "cause"], registry=r)
-        self.divergence = Histogram("radixrt:cache_divergence_tokens",
-                                    "where each prompt diverged from its cached match (fully matched: its length)",
-                                    buckets=DIVERGENCE_BUCKETS, registry=r)
-        r.register(_SchedulerCollector(scheduler_stats, model_name))
-        if cache_report is not None:
-            r.register(_CacheReportCollector(cache_report))
 
     def observe(self, state: ReqState, out: ReqOutput) -> None:
         """Called with each output before it is applied to the request's state."""

@@ -19,7 +19,7 @@ from radixrt.server.access import cache_report_scope
 from radixrt.server.health_probe import HealthProbe
 from radixrt.server.http_common import (
     SSE_DONE, ApiError, ServerContext, Submission, body_schema, counted, error_body, error_response, event_stream,
-    failure, generate_input, json_response, read_typed, sse
+    failure, json_response, prepare, read_typed, sse
 )
 from radixrt.server.schemas import UPDATE_CALL_FIELDS, AbortBody, SeparateReasoningBody, UpdateWeightsBody
 
@@ -43,17 +43,17 @@ def _add_generate(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/generate", openapi_extra=body_schema("GenerateRequest"))
     async def generate(request: Request) -> Response:
         req: GenerateRequest = await read_typed(ctx, request, GenerateRequest)
-        gen = await generate_input(ctx, req, request)
-        if req.stream and len(gen.items) != 1:
+        call = await prepare(ctx, req, request)
+        if req.stream and len(call.reqs) != 1:
             raise ApiError(400, "stream takes a single prompt and n=1", param="stream")
-        sub = await Submission.start(ctx, gen)
+        sub = await Submission.start(ctx, call)
         if req.stream:
             return event_stream(sub, _native_stream(sub))
         if not await sub.wait(request):
             return error_response(counted(ctx, ApiError(499, "client closed the request", cause="client_closed")))
         sub.check()
         results = sub.results()
-        return json_response(results if gen.is_batch or len(results) > 1 else results[0])
+        return json_response(results if call.is_batch or len(results) > 1 else results[0])
 
 
 def _add_separate_reasoning(app: FastAPI, ctx: ServerContext) -> None:
@@ -98,7 +98,7 @@ def _add_info(app: FastAPI, ctx: ServerContext) -> None:
     def server_info() -> Response:
         info = {k: v for k, v in asdict(ctx.args).items() if k not in SECRET_ARGS}
         info.update(ctx.manager.stats().info(), **ctx.manager.worker_info, version=ctx.version,
-                    context_length=ctx.manager.context_length,
+                    context_length=ctx.intake.context_length,
                     model_path=ctx.manager.weights.model_path, weight_version=ctx.manager.weights.version)
         return json_response(info)
 
@@ -116,9 +116,9 @@ def _add_admin(app: FastAPI, ctx: ServerContext) -> None:
         body: UpdateWeightsBody = await read_typed(ctx, request, UpdateWeightsBody)
         options = {f: getattr(body, f) for f in body.__struct_fields__ if f not in UPDATE_CALL_FIELDS}
         check_update_options(**options)
-        local = await ctx.manager.run_off_loop(resolve_update_path, ctx.args, body.model_path)
-        result = await ctx.manager.run_off_loop(
-            ctx.manager.update_weights_from_disk, local, body.model_path, body.abort_all_requests, body.weight_version
+        local = await ctx.intake.run_off_loop(resolve_update_path, ctx.args, body.model_path)
+        result = await ctx.intake.run_off_loop(
+            ctx.manager.weight_updates.from_disk, local, body.model_path, body.abort_all_requests, body.weight_version
         )
         return json_response(result._asdict(), 200 if result.success else 400)
 

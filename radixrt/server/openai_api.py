@@ -62,12 +62,20 @@ JSON_OBJECT_SCHEMA = '{"type": "object"}'  # response_format json_object: any JS
 
 
 def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
+    _add_models(app, ctx)
+    _add_completions(app, ctx)
+    _add_chat(app, ctx)
+
+
+def _add_models(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/v1/models")
     async def models() -> Response:
         card = {"id": ctx.args.model_name, "object": "model", "created": 0, "owned_by": "radixrt",
-                "root": ctx.args.model_path, "parent": None, "max_model_len": ctx.manager.context_length}
+                "root": ctx.args.model_path, "parent": None, "max_model_len": ctx.intake.context_length}
         return json_response({"object": "list", "data": [card, *ctx.manager.lora.model_cards(ctx.args.model_name)]})
 
+
+def _add_completions(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/v1/completions", openapi_extra=body_schema("CompletionRequest"))
     async def completions(request: Request) -> Response:
         body: CompletionRequest = await read_typed(ctx, request, CompletionRequest)
@@ -81,6 +89,8 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         view = EchoView(body.prompt, body.n, body.logprobs) if body.echo else completion_choice
         return await respond(ctx, request, body, req, view, logprobs)
 
+
+def _add_chat(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/v1/chat/completions", openapi_extra=body_schema("ChatCompletionRequest"))
     async def chat(request: Request) -> Response:
         body: ChatCompletionRequest = await read_typed(ctx, request, ChatCompletionRequest)
@@ -89,24 +99,8 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         if body.top_logprobs and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         tools = ToolMode.of(body, ctx.args.tool_call_parser)
-        ids = await ctx.manager.run_off_loop(_chat_ids, ctx, body, tools.rendered)
-        # neither: None, until a stop or the context limit (SGLang's meaning)
-        max_new = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        overrides: dict[str, Any] = {"max_new_tokens": max_new}
-        spaces = (body.chat_template_kwargs or {}).get("spaces_between_special_tokens")  # SGLang reads it there
-        if spaces is not None:
-            overrides["spaces_between_special_tokens"] = spaces
-        if tools.schema is not None:
-            if _response_format_schema(body) is not None:
-                raise ApiError(400, "tool_choice required or a named function constrains the output; "
-                               "it cannot take a response_format too", param="tool_choice")
-            overrides["json_schema"] = tools.schema
-        if _keeps_special_tokens(ctx, body):
-            overrides["skip_special_tokens"] = False
-        named = named_template(ctx.args.chat_template)
-        if named is not None and not body.ignore_eos:  # SGLang adds a named template's stop strings
-            overrides["stop"] = named.stops_with(body.stop)
-        sampling = with_defaults(_sampling(body, overrides), ctx.manager.sampling_defaults)  # generation_config.json's
+        ids = await ctx.intake.run_off_loop(_chat_ids, ctx, body, tools.rendered)
+        sampling = _chat_sampling(ctx, body, tools)
         # SGLang's: a reasoning request's grammar (response_format, tool_choice) holds what follows the reasoning
         thinking = ctx.args.reasoning_parser is not None and thinks(ctx.args.reasoning_parser, body.chat_template_kwargs)
         req = native_request(body, input_ids=ids, sampling_params=sampling, return_logprob=body.logprobs,
@@ -115,6 +109,28 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         # --reasoning-parser: the reasoning comes apart first; the tools are looked for in the content
         view = reasoning_view(ctx.args.reasoning_parser, body, view, _template_source(ctx))
         return await respond(ctx, request, body, req, view, body.logprobs)
+
+
+def _chat_sampling(ctx: ServerContext, body: ChatCompletionRequest, tools: ToolMode) -> SamplingParamsIn:
+    """A chat request's sampling params: OpenAI's fields, what its tools, template and parsers
+    add, and generation_config.json's values where it leaves them unset."""
+    # neither: None, until a stop or the context limit (SGLang's meaning)
+    max_new = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    overrides: dict[str, Any] = {"max_new_tokens": max_new}
+    spaces = (body.chat_template_kwargs or {}).get("spaces_between_special_tokens")  # SGLang reads it there
+    if spaces is not None:
+        overrides["spaces_between_special_tokens"] = spaces
+    if tools.schema is not None:
+        if _response_format_schema(body) is not None:
+            raise ApiError(400, "tool_choice required or a named function constrains the output; "
+                           "it cannot take a response_format too", param="tool_choice")
+        overrides["json_schema"] = tools.schema
+    if _keeps_special_tokens(ctx, body):
+        overrides["skip_special_tokens"] = False
+    named = named_template(ctx.args.chat_template)
+    if named is not None and not body.ignore_eos:  # SGLang adds a named template's stop strings
+        overrides["stop"] = named.stops_with(body.stop)
+    return with_defaults(_sampling(body, overrides), ctx.intake.sampling_defaults)  # generation_config.json's
 
 
 def native_request(body: OpenAISampling, **fields: Any) -> GenerateRequest:
@@ -189,10 +205,10 @@ def _chat_ids(ctx: ServerContext, body: ChatCompletionRequest, tools: list[dict[
     flat = _template_messages(body)
     named = named_template(ctx.args.chat_template)  # a name wins over a file, as in SGLang
     # /generate's character bound, before the template and the tokenizer see the text (named templates render no tools)
-    ctx.manager.text_bound.fit_messages(flat, tools if named is None else None, ctx.args.retention.active,
+    ctx.intake.text_bound.fit_messages(flat, tools if named is None else None, ctx.args.retention.active,
                                         ctx.args.allow_auto_truncate)
     messages, prefix = _final_assistant(flat, body.continue_final_message)
-    tokenizer = ctx.manager.tokenizer
+    tokenizer = ctx.intake.tokenizer
     template = _template_file(ctx.args.chat_template) if ctx.args.chat_template and named is None else None
     if named is None and not template and not getattr(tokenizer, "chat_template", None):
         raise RequestError("this model has no chat template; use /v1/completions", "messages")

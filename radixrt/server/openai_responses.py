@@ -21,8 +21,8 @@ from fastapi.responses import Response
 from radixrt.frontend.generate_input import GenerateRequest
 from radixrt.frontend.req_state import ReqState, cached_tokens_details
 from radixrt.server.http_common import (
-    SSE_DONE, ApiError, ServerContext, Submission, counted, error_body, event_stream, failure, generate_input,
-    json_response, sse
+    SSE_DONE, ApiError, ServerContext, Submission, counted, error_body, event_stream, failure, json_response, prepare,
+    sse
 )
 from radixrt.server.reasoning_chat import ReasoningChatView
 from radixrt.server.schemas import ChatCompletionRequest, OpenAISampling
@@ -197,7 +197,7 @@ def chat_choice(tok: Any, state: ReqState, index: int, text: str, logprobs: tupl
 
 async def respond(ctx: ServerContext, request: Request, body: OpenAISampling, req: GenerateRequest,
                    view: ChoiceView, logprobs: bool) -> Response:
-    sub = await Submission.start(ctx, await generate_input(ctx, req, request))
+    sub = await Submission.start(ctx, await prepare(ctx, req, request))
     chat = _is_chat(view)
     meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": body.model or ctx.args.model_name}  # what was asked for, as SGLang answers

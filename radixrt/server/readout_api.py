@@ -11,8 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from radixrt.frontend.generate_input import GenerateInput
-from radixrt.frontend.intake import check_in_vocabulary
+from radixrt.frontend.prompt_checks import check_in_vocabulary
 from radixrt.frontend.readout_calls import (
     Prompt,
     check_encoding_format,
@@ -38,7 +37,6 @@ from radixrt.frontend.rerank import (
 )
 from radixrt.messages import Readout
 from radixrt.sampling_params import refuse_unsupported
-from radixrt.settings.scheduling import TenantSpec
 from radixrt.server.chat_templates import named_template
 from radixrt.server.http_common import (
     ApiError,
@@ -47,6 +45,7 @@ from radixrt.server.http_common import (
     body_schema,
     counted,
     json_response,
+    prepare,
     read_typed,
 )
 from radixrt.server.readout_schemas import (
@@ -70,7 +69,7 @@ def add_readout_routes(app: FastAPI, ctx: ServerContext) -> None:
             return await _cross_encode(ctx, request, body)
         prompts, is_batch = encode_prompts(body.text, body.input_ids)
         states = await _embed(ctx, request, prompts, is_batch, body.dimensions, body.rid, body.priority, body.log_metrics)
-        out = encode_results(states, ctx.manager.pooler, body.dimensions)
+        out = encode_results(states, ctx.intake.pooler, body.dimensions)
         return json_response(out if is_batch else out[0])
 
     @app.post("/v1/embeddings", openapi_extra=body_schema("EmbeddingRequest"))
@@ -81,7 +80,7 @@ def add_readout_routes(app: FastAPI, ctx: ServerContext) -> None:
             raise ApiError(400, "embeddings run the base model: lora_path must be null", param="lora_path")
         prompts, is_batch = embedding_prompts(body.input)
         states = await _embed(ctx, request, prompts, is_batch, body.dimensions, body.rid, body.priority)
-        pooler = ctx.manager.pooler
+        pooler = ctx.intake.pooler
         data = [{"object": "embedding", "index": i,
                  "embedding": encode_vector(embedding(s, pooler, body.dimensions), body.encoding_format)}
                 for i, s in enumerate(states)]
@@ -92,7 +91,7 @@ def add_readout_routes(app: FastAPI, ctx: ServerContext) -> None:
         body: ScoringRequest = await read_typed(ctx, request, ScoringRequest)
         if body.label_token_ids is None:
             raise ApiError(400, "label_token_ids must be provided", param="label_token_ids")
-        check_in_vocabulary(body.label_token_ids, ctx.manager.vocab_size, "label_token_ids")
+        check_in_vocabulary(body.label_token_ids, ctx.intake.vocab_size, "label_token_ids")
         prompts = score_prompts(body.query, body.items, body.item_first)
         states = await _run(ctx, request, prompts, Readout("labels", list(body.label_token_ids)), True)
         scores = [label_scores(s, body.apply_softmax) for s in states]
@@ -131,8 +130,8 @@ async def _rerank_scores(ctx: ServerContext, request: Request, query: str, docs:
         prompts: list[Prompt] = [(p, None) for p in render_prompts(template or "", query, docs, instruct)]
         states = await _run(ctx, request, prompts, Readout("labels", [yes, no]), True)
         return [relevance(*label_scores(s, False)) for s in states], None
-    if ctx.manager.pooler.head_labels:
-        pairs = await ctx.manager.run_off_loop(_pairs, ctx, [[query, d] for d in docs])
+    if ctx.intake.pooler.head_labels:
+        pairs = await ctx.intake.run_off_loop(_pairs, ctx, [[query, d] for d in docs])
         states = await _run(ctx, request, pairs, Readout("head"), True)
         return [_head_score(s) for s in states], [readout_meta(s) for s in states]
     raise ApiError(400, "this model cannot rerank: it has neither a reranker chat template (one asking for \"yes\" or "
@@ -142,13 +141,13 @@ async def _rerank_scores(ctx: ServerContext, request: Request, query: str, docs:
 
 async def _cross_encode(ctx: ServerContext, request: Request, body: EncodeRequest) -> Response:
     """/encode's is_cross_encoder_request: [query, document] pairs through the classification head."""
-    if not ctx.manager.pooler.head_labels:
+    if not ctx.intake.pooler.head_labels:
         raise ApiError(400, "is_cross_encoder_request needs a checkpoint with a classification head "
                             "(a ...ForSequenceClassification)", param="is_cross_encoder_request")
     text = body.text
     if not isinstance(text, list) or not text or not all(isinstance(p, list) and len(p) == 2 for p in text):
         raise ApiError(400, "a cross-encoder request's text is a list of [query, document] pairs", param="text")
-    pairs = await ctx.manager.run_off_loop(_pairs, ctx, text)
+    pairs = await ctx.intake.run_off_loop(_pairs, ctx, text)
     states = await _run(ctx, request, pairs, Readout("head"), True, body.rid, body.priority)
     return json_response([{"embedding": readout_values(s).tolist(), "meta_info": readout_meta(s)} for s in states])
 
@@ -166,10 +165,10 @@ def _head_score(s: ReqState) -> float:
 async def _embed(ctx: ServerContext, request: Request, prompts: list[Prompt], is_batch: bool, dimensions: int | None,
                  rid: Any, priority: int | None, log_metrics: bool = True) -> list[ReqState]:
     try:
-        ctx.manager.pooler.check_dimensions(dimensions)
+        ctx.intake.pooler.check_dimensions(dimensions)
     except ValueError as e:
         raise ApiError(400, str(e), param="dimensions") from None
-    return await _run(ctx, request, prompts, Readout(ctx.manager.pooler.kind), is_batch, rid, priority, log_metrics)
+    return await _run(ctx, request, prompts, Readout(ctx.intake.pooler.kind), is_batch, rid, priority, log_metrics)
 
 
 async def _run(ctx: ServerContext, request: Request, prompts: list[Prompt], readout: Readout, is_batch: bool,
@@ -178,13 +177,9 @@ async def _run(ctx: ServerContext, request: Request, prompts: list[Prompt], read
     if len(prompts) > ctx.http.max_requests_per_call:
         raise ApiError(400, f"at most {ctx.http.max_requests_per_call} inputs per call (--max-requests-per-call)",
                        param="input")
-    gen: GenerateInput = readout_input(prompts, readout, is_batch=is_batch, rid=rid, priority=priority,
-                                       log_metrics=log_metrics)
-    tenant: TenantSpec | None = getattr(request.state, "tenant", None)
-    if tenant is not None:
-        gen = gen.for_tenant(tenant.tenant, tenant.share_cache)
+    gen = readout_input(prompts, readout, is_batch=is_batch, rid=rid, priority=priority, log_metrics=log_metrics)
     # a score's query, a reranker's template: prefilled once first, unless every row is needed anyway
-    sub = await Submission.start(ctx, gen, share_prefix=not readout.whole_prompt)
+    sub = await Submission.start(ctx, await prepare(ctx, gen, request, share_prefix=not readout.whole_prompt))
     if not await sub.wait(request):
         raise counted(ctx, ApiError(499, "client closed the request", cause="client_closed"))
     sub.check()

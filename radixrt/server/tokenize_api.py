@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 
 from radixrt.errors import RequestError
-from radixrt.frontend.intake import check_in_vocabulary
+from radixrt.frontend.prompt_checks import check_in_vocabulary
 from radixrt.frontend.text_bound import TextBound
 from radixrt.server.http_common import (
     ServerContext,
@@ -43,22 +43,22 @@ class TokenizerLimits:
 
 def add_tokenize_routes(app: FastAPI, ctx: ServerContext) -> None:
     def limits() -> TokenizerLimits:
-        m = ctx.manager
-        return TokenizerLimits(m.text_bound, ctx.args.retention.active, ctx.http.max_requests_per_call,
-                               m.intake.vocab_size)
+        door = ctx.intake
+        return TokenizerLimits(door.text_bound, ctx.args.retention.active, ctx.http.max_requests_per_call,
+                               door.vocab_size)
 
     @app.post("/tokenize", openapi_extra=body_schema("TokenizeBody"))
     @app.post("/v1/tokenize", openapi_extra=body_schema("TokenizeBody"))
     async def tokenize_route(request: Request) -> Response:
         body: TokenizeBody = await read_typed(ctx, request, TokenizeBody)
-        answer = await ctx.manager.run_off_loop(tokenize, ctx.manager.tokenizer, body, limits())
-        return json_response({**answer, "max_model_len": ctx.manager.context_length})
+        answer = await ctx.intake.run_off_loop(tokenize, ctx.manager.tokenizer, body, limits())
+        return json_response({**answer, "max_model_len": ctx.intake.context_length})
 
     @app.post("/detokenize", openapi_extra=body_schema("DetokenizeBody"))
     @app.post("/v1/detokenize", openapi_extra=body_schema("DetokenizeBody"))
     async def detokenize_route(request: Request) -> Response:
         body: DetokenizeBody = await read_typed(ctx, request, DetokenizeBody)
-        return json_response(await ctx.manager.run_off_loop(detokenize, ctx.manager.tokenizer, body, limits()))
+        return json_response(await ctx.intake.run_off_loop(detokenize, ctx.manager.tokenizer, body, limits()))
 
 
 def tokenize(tokenizer: Any, body: TokenizeBody, limits: TokenizerLimits) -> dict[str, Any]:
