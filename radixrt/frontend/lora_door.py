@@ -15,6 +15,7 @@ from typing import Any
 
 from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateInput
+from radixrt.messages import LoadLoraAdapter, LoraUpdateReply, UnloadLoraAdapter
 from radixrt.settings.lora import (
     NOT_ENABLED,
     NOT_LOADED,
@@ -23,7 +24,6 @@ from radixrt.settings.lora import (
     LoraServing,
     read_adapter,
 )
-from radixrt.messages import LoadLoraAdapter, LoraUpdateReply, UnloadLoraAdapter
 
 
 class LoraDoor:

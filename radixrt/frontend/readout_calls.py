@@ -15,8 +15,8 @@ from radixrt.errors import RequestError
 from radixrt.frontend.generate_input import GenerateInput, GenerateItem, split_prompts
 from radixrt.frontend.req_state import ReqState, cached_tokens_details
 from radixrt.messages import Readout
-from radixrt.settings.pooling import Pooler
 from radixrt.sampling_params import SamplingParams
+from radixrt.settings.pooling import Pooler
 
 Prompt = tuple[str | None, list[int] | None]  # (text, token ids): exactly one is given
 ENCODING_FORMATS = ("float", "base64")

@@ -18,9 +18,9 @@ from typing import Any
 
 import msgspec
 
-from radixrt.settings.chat import SAMPLING_DEFAULTS
 from radixrt.errors import RequestError
 from radixrt.sampling_params import SamplingParams, SamplingParamsIn
+from radixrt.settings.chat import SAMPLING_DEFAULTS
 
 SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 GENERATION_CONFIG = "generation_config.json"

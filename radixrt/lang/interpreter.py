@@ -16,7 +16,7 @@ from radixrt.reasoning import ReasoningFormat, get_format, separate
 from .backend.base import Backend, GenOutput
 from .chunks import ChunkLog
 from .errors import ProgramError
-from .ir import (CachePrefix, Expr, ExprList, Gen, GenParams, Role, RoleBegin, RoleEnd, Select, SeparateReasoning, Text)
+from .ir import CachePrefix, Expr, ExprList, Gen, GenParams, Role, RoleBegin, RoleEnd, Select, SeparateReasoning, Text
 
 SetVar = Callable[[str, Any, Any], None]  # (name, value, meta or None): the executor's set_var
 

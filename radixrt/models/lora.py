@@ -37,14 +37,14 @@ from dataclasses import dataclass, field
 import torch
 from safetensors import safe_open
 
+from radixrt.models.config import ModelConfig
+from radixrt.models.parallel import TPGroup, rank_heads
 from radixrt.settings.lora import (
     ADAPTER_WEIGHTS,
     SITE_PARTS,
     AdapterConfig,
     AdapterError,
 )
-from radixrt.models.config import ModelConfig
-from radixrt.models.parallel import TPGroup, rank_heads
 
 PEFT_PREFIX = "base_model.model."
 MAX_RUNS_PER_ADAPTER = 3  # past this many runs of rows per adapter, one gather per adapter costs less

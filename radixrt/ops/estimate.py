@@ -56,14 +56,14 @@ from pathlib import Path
 import torch
 
 from radixrt.config import ServerArgs
-from radixrt.settings.kv import KV_FORMAT_NAMES as KV_CACHE_DTYPES
-from radixrt.settings.kv import check_head_dim
 from radixrt.launch_server import OneLineParser
 from radixrt.models.config import ModelConfig
 from radixrt.models.dtype import resolve_dtype
 from radixrt.models.gguf_checkpoint import gguf_tensor_meta
 from radixrt.ops.sizing import ACTIVATION_FRACTION, KV_MARGIN, Breakdown, Sizer, Workload
 from radixrt.ops.trace import load_trace
+from radixrt.settings.kv import KV_FORMAT_NAMES as KV_CACHE_DTYPES
+from radixrt.settings.kv import check_head_dim
 from radixrt.utils.checkpoint_meta import TensorMeta, checkpoint_tensors, read_config
 from radixrt.utils.gguf_sidecar import ensure_sidecar, gguf_source, is_gguf_file
 from radixrt.worker.kv_pool import available_host_bytes

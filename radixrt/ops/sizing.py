@@ -11,10 +11,10 @@ from fractions import Fraction
 import torch
 
 from radixrt.kernels import PagedKVCache
-from radixrt.settings.lora import LoraServing
 from radixrt.models.config import ModelConfig
 from radixrt.models.lora import lora_pool_bytes
 from radixrt.models.parallel import TPGroup, rank_heads
+from radixrt.settings.lora import LoraServing
 from radixrt.utils.checkpoint_meta import TensorMeta
 from radixrt.worker.kv_pool import page_table_bytes, pages_for_budget, pool_bytes
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from radixrt.kv_storage import Connector
-from radixrt.settings.hicache import MooncakeSettings
 from radixrt.messages import disk_page_key, disk_page_name
+from radixrt.settings.hicache import MooncakeSettings
 
 logger = logging.getLogger(__name__)
 MEMO_SECONDS = 1.0  # how long the store's answer on a page stands (the policy asks every step)

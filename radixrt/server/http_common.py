@@ -20,10 +20,10 @@ from radixrt.frontend.generate_input import GenerateInput, GenerateRequest
 from radixrt.frontend.intake import Intake, PreparedCall
 from radixrt.frontend.req_state import ReqState
 from radixrt.frontend.tokenizer_manager import TokenizerManager
-from radixrt.settings.scheduling import TenantSpec
 from radixrt.server.access import TenantKeys
 from radixrt.server.metrics import ServerMetrics
 from radixrt.server.schemas import decode_body
+from radixrt.settings.scheduling import TenantSpec
 
 logger = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ import torch
 
 from radixrt.config_views import TierConfig
 from radixrt.kernels import PagedKVCache
-from radixrt.settings.kv import rotates_keys
 from radixrt.messages import DISK_PAGE_GLOB, DiskFaults, KVMove, MoveKind, MoveTime
+from radixrt.settings.kv import rotates_keys
 from radixrt.utils.gguf_sidecar import gguf_source
 from radixrt.worker.disk_tier import DiskTier, PageFiles
 from radixrt.worker.kv_pool import available_host_bytes

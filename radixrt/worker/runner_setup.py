@@ -23,7 +23,6 @@ from radixrt.config import ServerArgs
 from radixrt.config_views import PoolConfig, TierConfig
 from radixrt.kernels import AttentionBackend, PagedKVCache, create_attention_backend
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
-from radixrt.settings.kv import rotates_keys
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.checkpoint_quant import weight_scheme
 from radixrt.models.cpu_matmul import (
@@ -44,6 +43,7 @@ from radixrt.models.int8_linear import (
 from radixrt.models.lora import LoraBank
 from radixrt.models.parallel import TPGroup, rank_heads
 from radixrt.models.weight_quant import use_int8_kernel
+from radixrt.settings.kv import rotates_keys
 from radixrt.settings.quant import WeightScheme
 from radixrt.worker.cuda_graph import DecodeGraphRunner, capture_sizes
 from radixrt.worker.kv_calibration import (
