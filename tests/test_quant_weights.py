@@ -144,6 +144,10 @@ def test_from_each_route_s_rows_a_layer_goes_its_way(qtype):
         want = reference(few, w)
         for tiles in (layer, QuantLinear(w, kernel)):
             torch.testing.assert_close(tiles(few).double(), want, atol=1e-4 * want.abs().max().item(), rtol=1e-5)
+    few = x[:1, :3].float()  # [1, 3, k] goes through the reshapes, [3, k] straight to the bound tiles: equal
+    assert torch.equal(layer(few)[0], layer(few[0]))
+    with pytest.raises(ValueError, match=rf"\[M, {k}\] on the CPU, got torch.float32 \[1, {k + 32}\]"):
+        kernel(torch.zeros(1, k + 32), w)
     chosen, timings = choose_routes(w, kernel, amx, torch.bfloat16)
     assert [r.rows for r in chosen] == sorted(r.rows for r in chosen) and all(r.rows in PROBE_ROWS for r in chosen)
     assert all(f"{rows} rows {kernel.isa.name} 1.00x" in timings for rows in PROBE_ROWS) and "dequantized" in timings

@@ -41,16 +41,22 @@ class QuantLinear:
     def __init__(self, weight: QuantWeight, kernel: QGemm, routes: Sequence[Route] = ()) -> None:
         """kernel: the tiles below the first route's rows; routes: by rows, ascending (choose_routes)."""
         self.weight, self.kernel, self.routes = weight, kernel, tuple(routes)
+        self._tiles = kernel.bind(weight)  # below the first route: every decode step's product
+        self._from = routes[0].rows if routes else 1 << 62
+        self._routed = [(r.rows, r.kernel.bind(weight) if r.kernel is not None else None) for r in routes]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.weight.in_features)
+        K, N = self.weight.in_features, self.weight.out_features
         dtype = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32
-        kernel: QGemm | None = self.kernel
-        for route in self.routes:
-            if rows.shape[0] >= route.rows and (route.kernel is not None or dtype == x.dtype):
-                kernel = route.kernel
-        y = F.linear(rows, self.kernel.dequantize(self.weight, dtype)) if kernel is None else kernel(rows, self.weight, dtype)
-        return y.view(*x.shape[:-1], self.weight.out_features)
+        if x.dim() == 2 and x.shape[0] < self._from:  # a step's tokens [T, K], decode's case: no reshapes
+            return self._tiles(x, dtype)
+        rows = x.reshape(-1, K)
+        product = self._tiles
+        for start, routed in self._routed:
+            if rows.shape[0] >= start and (routed is not None or dtype == x.dtype):
+                product = routed
+        y = F.linear(rows, self.kernel.dequantize(self.weight, dtype)) if product is None else product(rows, dtype)
+        return y.view(*x.shape[:-1], N)
 
 
 class QuantRows:
