@@ -7,7 +7,7 @@
 #
 #   bench/gguf_speed.sh             # SmolLM2-135M: the shipped Q4_1 file, and Q4_0, Q8_0, Q4_K_M made from it
 #   FILES="a.gguf b.gguf" WORKLOADS=W5_single REPEAT=3 bench/gguf_speed.sh
-#   PEER_WORKLOADS=W5_single bench/gguf_speed.sh   # llama.cpp on W5 only: its W2 takes ~4.5 min a run here
+#   PEER_WORKLOADS=W5_single bench/gguf_speed.sh   # llama.cpp on W5 only: its W2 takes ~2 min a run here (its prompts)
 #
 # Results: bench/results/gguf/{bf16,<file>_{radixrt,llamacpp}}.json, resident.json and gguf_speed.json.
 # Run it on a quiet machine: on 2 shared cores any other job skews every figure.
