@@ -269,29 +269,34 @@ SMALL = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "nu
          "eos_token_id": 2, "tie_word_embeddings": False}
 
 
-def tiny_gguf_sidecar(tmp_path: Path, arch: str) -> Path:
-    """A tiny random GGUF file of arch (llama.cpp's tensor names and layouts), and a sidecar
-    directory naming it with the config it was written from."""
+def tiny_gguf_sidecar(tmp_path: Path, arch: str, sizes: dict | None = None, qtype: str | None = None) -> Path:
+    """A tiny random GGUF file of arch (llama.cpp's tensor names and layouts; sizes over SMALL; its matrices in
+    qtype's blocks, else float16), and a sidecar directory naming it with the config it was written from."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from radixrt.models.gguf_checkpoint import _processor, hf_names
 
     model_type, extra = FAMILIES[arch]
-    config = {**AutoConfig.for_model(model_type, **SMALL, **extra).to_dict(), "dtype": "float32"}
+    config = {**AutoConfig.for_model(model_type, **{**SMALL, **(sizes or {})}, **extra).to_dict(), "dtype": "float32"}
     with torch.device("meta"):
         shapes = {n: p.shape for n, p in AutoModelForCausalLM.from_config(AutoConfig.for_model(**config)).state_dict().items()}
     names = hf_names(config, arch, _processor(arch, config))
     config["tie_word_embeddings"] = "output.weight" not in names  # as transformers reads a file (Gemma: always tied)
     parts = {hf: sum(target == hf for target in names.values()) for hf in names.values()}  # gate and up experts: 2
     w = gguf.GGUFWriter(str(tmp_path / f"{arch}.gguf"), arch)
-    w.add_head_count(SMALL["num_attention_heads"])  # what transformers' llama processor reads to undo the permutation
-    w.add_head_count_kv(SMALL["num_key_value_heads"])
+    w.add_head_count(config["num_attention_heads"])  # what transformers' llama processor reads to undo the permutation
+    w.add_head_count_kv(config["num_key_value_heads"])
     rng = np.random.default_rng(0)
     for gguf_name, hf in names.items():
         shape = list(shapes[hf])
         shape[min(1, len(shape) - 1)] //= parts[hf]
         name = gguf_name if gguf_name.endswith((".weight", ".bias")) else gguf_name + ".weight"
-        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32 if len(shape) == 1 else np.float16))
+        values = rng.standard_normal(shape).astype(np.float32)
+        if qtype is not None and len(shape) == 2:
+            kind = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(name, gguf.quantize(values, kind), raw_dtype=kind)
+        else:
+            w.add_tensor(name, values if len(shape) == 1 else values.astype(np.float16))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -302,6 +307,72 @@ def tiny_gguf_sidecar(tmp_path: Path, arch: str) -> Path:
     source = GgufSource.of(tmp_path / f"{arch}.gguf", arch)
     (sidecar / MARKER).write_text(json.dumps(dataclasses.asdict(source)))
     return sidecar
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_each_tensor_parallel_rank_holds_its_slice_quantized(qtype, tied, tmp_path, monkeypatch):
+    """Under --tp-size 2 every linear layer stays quantized on each rank, holding exactly its slice of the
+    one-rank layer: rows of qkv, gate_up and the LM head, groups of 32 inputs of o_proj and down_proj (their
+    scales and mins split with them). A tied embedding looks its rows up in its rank's vocabulary block: the
+    ranks' lookups (their all-reduce a sum) give the one-rank rows."""
+    from radixrt.kernels.quant_weights import dequantize
+    from radixrt.models.config import ModelConfig
+    from radixrt.models.parallel import TPGroup
+    from radixrt.models.registry import load_model
+    from radixrt.settings.quant import WeightScheme
+
+    sizes = {"hidden_size": 64, "intermediate_size": 128, "head_dim": 16, "tie_word_embeddings": tied}
+    sidecar = tiny_gguf_sidecar(tmp_path, "llama", sizes, qtype)
+    cfg, scheme = ModelConfig.from_dir(sidecar), WeightScheme("gguf", "test", prequantized=True)
+    load = lambda tp: load_model(sidecar, cfg, torch.float32, torch.device("cpu"), tp, scheme)  # noqa: E731
+    one, ranks = load(TPGroup()), [load(TPGroup(r, 2)) for r in range(2)]
+    held = ["layers.0.self_attn.qkv_proj", "layers.0.self_attn.o_proj", "layers.0.mlp.gate_up_proj",
+            "layers.0.mlp.down_proj", "lm_head"]
+
+    def values(model, name):
+        return dequantize(model.get_submodule(name).quant.weight)
+
+    q, kv, inter = 4 * 16, 2 * 16, 128
+    for r, part in enumerate(ranks):
+        full = {name: values(one, name) for name in held}
+        qkv = full[held[0]]
+        rows = [qkv[r * q // 2:(r + 1) * q // 2], qkv[q + r * kv // 2:q + (r + 1) * kv // 2],
+                qkv[q + kv + r * kv // 2:q + kv + (r + 1) * kv // 2]]
+        assert torch.equal(values(part, held[0]), torch.cat(rows))
+        assert torch.equal(values(part, held[1]), full[held[1]][:, r * q // 2:(r + 1) * q // 2])
+        gu, half = full[held[2]], inter // 2
+        assert torch.equal(values(part, held[2]), torch.cat([gu[r * half:(r + 1) * half], gu[inter + r * half:inter + (r + 1) * half]]))
+        assert torch.equal(values(part, held[3]), full[held[3]][:, r * half:(r + 1) * half])
+        assert torch.equal(values(part, "lm_head"), full["lm_head"][r * 32:(r + 1) * 32])
+    monkeypatch.setattr(TPGroup, "all_reduce", lambda self, x: x)  # each rank's partial rows, summed below
+    ids = torch.tensor([0, 5, 31, 32, 40, 63])
+    assert torch.equal(sum(part.embed_tokens(ids) for part in ranks), one.embed_tokens(ids))
+
+
+def test_a_tp2_engine_holds_the_file_quantized_and_gives_the_tokens_of_one_rank(llama_path, tmp_path, monkeypatch):
+    """Two tensor-parallel ranks serve a GGUF file with its layers held quantized on each (their slices), and
+    decode the greedy tokens one rank does (a random Q8_0 file; its sidecar, made in place, has the tiny
+    llama's tokenizer: the file has none)."""
+    sizes = {"hidden_size": 64, "intermediate_size": 128, "head_dim": 16, "vocab_size": 1024, "num_hidden_layers": 2}
+    made = tiny_gguf_sidecar(tmp_path, "llama", sizes, "Q8_0")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (made / name).write_bytes((llama_path / name).read_bytes())
+    monkeypatch.setenv("RADIXRT_GGUF_CACHE", str(tmp_path / "sidecars"))
+    gguf_file = tmp_path / "llama.gguf"
+    gguf_sidecar.sidecar_dir(gguf_file).parent.mkdir(parents=True)
+    made.rename(gguf_sidecar.sidecar_dir(gguf_file))
+    # 12 prompt rows: below the first row count (16) at which start-up may route a layer to another way of
+    # multiplying (AMX tiles, or the weight dequantized with float activations), measured per process
+    prompts = [list(range(3, 9)), list(range(100, 160, 10))]
+    runs = []
+    for tp in (1, 2):
+        with radixrt.Engine(model_path=str(gguf_file), tp_size=tp, max_total_tokens=1024) as e:
+            outs = e.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})
+            info = e.get_server_info()
+        assert info["weight_quantization"] == "gguf" and "9 linear layers held" in info["weight_quantization_reason"], info
+        runs.append([o["output_ids"] for o in outs])
+    assert runs[0] == runs[1]
 
 
 @pytest.mark.parametrize("arch", sorted(FAMILIES))

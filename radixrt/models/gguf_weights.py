@@ -11,7 +11,7 @@ embedding's rows are dequantized from it per lookup (QuantRows), one copy as in 
 tensor loads dequantized as before. The layer's placeholders take the checkpoint's rows exactly as float weights do,
 through the model's own load_weights (`weight` values, `weight_scale`, `weight_min`), so fused layers and
 transformers' row permutations apply unchanged; after loading each is packed into the kernel's layout.
-Held where the CPU kernel builds and there is one rank (RADIXRT_GGUF_WEIGHTS=dequantize turns it off).
+Held where the CPU kernel builds, on every tensor-parallel rank (RADIXRT_GGUF_WEIGHTS=dequantize turns it off).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -36,14 +35,15 @@ TIED = "embed_tokens"  # a tied embedding held: the LM head's weight too
 SUFFIXES = ("weight_scale", "weight_min")  # beside `weight`, what a held layer loads
 
 
-def resident_layers(model: nn.Module, tensor_types: dict[str, str], device: torch.device, tp_size: int) -> dict[str, str]:
+def resident_layers(model: nn.Module, tensor_types: dict[str, str], device: torch.device) -> dict[str, str]:
     """The linear layers to hold quantized (module name -> format name), from the GGUF tensors' types by the
-    Hugging Face parameter they fill; {} (logged) where none can be."""
+    Hugging Face parameter they fill; {} (logged) where none can be. Under tensor parallelism each rank holds
+    its own slice (rows, or for a row-parallel layer groups of 32 inputs: the model's shard plan), where the
+    kernel tiles it."""
     mode = os.environ.get(MODE_ENV, "quantized").strip().lower()
     if mode not in ("quantized", "dequantize"):
         raise ValueError(f"{MODE_ENV}={mode!r}: choose quantized or dequantize")
     why = ("asked to dequantize" if mode == "dequantize" else "not on the CPU" if device.type != "cpu"
-           else f"{tp_size} ranks (held quantized at one)" if tp_size != 1
            else "this model's loader has no shard plan" if not hasattr(model, "_shard_plan")
            else "the compiled GEMM is unavailable" if load_qgemm() is None else "")
     if why:

@@ -203,7 +203,7 @@ class LlamaForCausalLM(nn.Module):
         for name, source in self.checkpoint_tensors(weights):
             if self._load_moe(name, source, unset):
                 continue
-            target, dst_rows, src_index = self._shard_plan(name)
+            target, dst_rows, src_index = self._shard_plan(name, _columns(source) if name.endswith(QUANT_PARTS) else None)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
             params[target].data[dst_rows].copy_(source[src_index])
@@ -237,18 +237,21 @@ class LlamaForCausalLM(nn.Module):
         unset.difference_update(f"layers.{layer}.mlp.{p}" for p in ("gate.weight", "w13", "w2"))
         return True
 
-    def _shard_plan(self, name: str) -> tuple[str, slice, tuple[slice, ...]]:
-        """(parameter, rows of it to fill, index into the checkpoint tensor) for this rank."""
+    def _shard_plan(self, name: str, columns: int | None = None) -> tuple[str, slice, tuple[slice, ...]]:
+        """(parameter, rows of it to fill, index into the checkpoint tensor) for this rank. A GGUF layer held
+        quantized (models/gguf_weights.py) also loads `weight_scale` and `weight_min` beside `weight`, a column
+        per group of inputs: split as the weight is, by rows, or along their `columns` for a row-parallel layer."""
         everything = (slice(None),)
         for part, (fused, index) in self.FUSED.items():
             if f".{part}." in name:
                 dst, src = self._fused_rows(fused, index)
                 return name.replace(part, fused), dst, (src,)
-        if name.endswith(self.ROW_PARALLEL):
+        base = name.removesuffix("_scale").removesuffix("_min")  # QUANT_PARTS: split as weight is
+        if base.endswith(self.ROW_PARALLEL):
             width = self.cfg.num_heads * self.cfg.head_dim if "o_proj" in name else self.cfg.intermediate_size
-            start, count = self.tp.split(width, name)
+            start, count = self.tp.split(columns if base != name and columns is not None else width, name)
             return name, slice(None), (slice(None), slice(start, start + count))
-        if name.endswith(self.VOCAB_PARALLEL):
+        if base.endswith(self.VOCAB_PARALLEL):
             start, count = self.tp.split(self.cfg.vocab_size, "vocab_size")
             return name, slice(None), (slice(start, start + count),)
         return name, slice(None), everything
@@ -265,6 +268,15 @@ class LlamaForCausalLM(nn.Module):
             starts, counts, offsets = [start, start], [count, count], [0, count]
         dst = slice(offsets[index], offsets[index] + counts[index])
         return dst, slice(starts[index], starts[index] + counts[index])
+
+
+def _columns(source: Any) -> int | None:
+    """A checkpoint tensor's (or safetensors slice's) second dimension, None for a vector."""
+    shape = source.shape if hasattr(source, "shape") else source.get_shape()
+    return shape[1] if len(shape) > 1 else None
+
+
+QUANT_PARTS = ("weight_scale", "weight_min")  # a held GGUF layer's groups (gguf_weights.SUFFIXES)
 
 
 def use_layer_ops(model: nn.Module, ops: TorchLayers) -> None:

@@ -132,16 +132,15 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab: int, hidden: int, tp: TPGroup) -> None:
         super().__init__()
         self.tp = tp
-        self.start, count = tp.split(vocab, "vocab_size")
-        self.weight = nn.Parameter(torch.empty(count, hidden))  # [vocab / tp, hidden]
+        self.start, self.count = tp.split(vocab, "vocab_size")
+        self.weight = nn.Parameter(torch.empty(self.count, hidden))  # [vocab / tp, hidden]
         self.quant: Callable | None = None  # rows from a tied LM head held as a GGUF file's blocks (gguf_weights.QuantRows)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.quant is not None:  # held at one rank only
-            return self.quant(ids)
         if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
+            return self.quant(ids) if self.quant is not None else F.embedding(ids, self.weight)
         local = ids - self.start
-        inside = (local >= 0) & (local < self.weight.shape[0])
-        x = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight) * inside[:, None]
+        inside = (local >= 0) & (local < self.count)
+        local = local.clamp(0, self.count - 1)
+        x = (self.quant(local) if self.quant is not None else F.embedding(local, self.weight)) * inside[:, None]
         return self.tp.all_reduce(x)

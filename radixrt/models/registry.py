@@ -57,7 +57,7 @@ def load_model(
     int8 = scheme.name in ("w8a8_int8", "int8wo")
     if int8 and scheme.prequantized:
         hold_int8_placeholders(model)
-    held, keep = _gguf_layers(model, Path(path), device, tp) if scheme.name == "gguf" else ({}, {})
+    held, keep = _gguf_layers(model, Path(path), device) if scheme.name == "gguf" else ({}, {})
     weights = iter_safetensors(Path(path), device, keep)
     if scheme.name == "fp8":
         weights = dequantize_fp8(weights, dtype)
@@ -75,13 +75,13 @@ def load_model(
     return model.eval()
 
 
-def _gguf_layers(model: torch.nn.Module, path: Path, device: torch.device, tp: TPGroup) -> tuple[dict[str, str], dict[str, str]]:
+def _gguf_layers(model: torch.nn.Module, path: Path, device: torch.device) -> tuple[dict[str, str], dict[str, str]]:
     """The linear layers a GGUF file's blocks fill as they are (placeholders held), and the Hugging Face
     names of the tensors that fill them, each with its layer's format."""
     from radixrt.models.gguf_checkpoint import tensor_types
 
     types = tensor_types(path)
-    held = resident_layers(model, types, device, tp.size)
+    held = resident_layers(model, types, device)
     hold_placeholders(model, held)
     layer_of = {n: model._shard_plan(n.removeprefix("model."))[0].removesuffix(".weight") for n in types}
     return held, {n: held[layer] for n, layer in layer_of.items() if layer in held}
