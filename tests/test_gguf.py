@@ -350,6 +350,27 @@ def test_each_tensor_parallel_rank_holds_its_slice_quantized(qtype, tied, tmp_pa
     assert torch.equal(sum(part.embed_tokens(ids) for part in ranks), one.embed_tokens(ids))
 
 
+def test_a_row_parallel_layer_splits_group_scales_and_keeps_channel_scales_whole(llama_path):
+    """Under TP=2 the shard plan splits a GGUF layer's scales and mins (a column per group of inputs) along their
+    columns as the weight's inputs split, and leaves a scale per output channel (int8 and fp8 checkpoints: one
+    column, or a scalar) whole on every rank."""
+    from radixrt.models.config import ModelConfig
+    from radixrt.models.parallel import TPGroup
+    from radixrt.models.registry import MODEL_FAMILIES
+
+    cfg = ModelConfig.from_dir(llama_path)
+    with torch.device("meta"):
+        model = MODEL_FAMILIES[cfg.model_type](cfg, TPGroup(1, 2))
+    o, width = "layers.0.self_attn.o_proj", cfg.num_heads * cfg.head_dim
+    assert model._shard_plan(f"{o}.weight")[2] == (slice(None), slice(width // 2, width))
+    groups = width // 32
+    for part in ("weight_scale", "weight_min"):
+        assert model._shard_plan(f"{o}.{part}", groups) == (f"{o}.{part}", slice(None), (slice(None), slice(groups // 2, groups)))
+    for columns in (1, None):
+        assert model._shard_plan(f"{o}.weight_scale", columns) == (f"{o}.weight_scale", slice(None), (slice(None),))
+    assert model._shard_plan("lm_head.weight_scale", 4)[2] == (slice(cfg.vocab_size // 2, cfg.vocab_size),)
+
+
 def test_a_tp2_engine_holds_the_file_quantized_and_gives_the_tokens_of_one_rank(llama_path, tmp_path, monkeypatch):
     """Two tensor-parallel ranks serve a GGUF file with its layers held quantized on each (their slices), and
     decode the greedy tokens one rank does (a random Q8_0 file; its sidecar, made in place, has the tiny

@@ -25,6 +25,7 @@ from torch import nn
 
 from radixrt.kernels.quant_weights import FORMATS, load_amx_qgemm, load_qgemm, pack
 from radixrt.models.gguf_blocks import layer_format
+from radixrt.models.parallel import HELD_PARTS
 from radixrt.models.quant_linear import QuantLinear, QuantRows, choose_routes
 from radixrt.models.weight_quant import int8_targets
 
@@ -32,7 +33,6 @@ logger = logging.getLogger(__name__)
 
 MODE_ENV = "RADIXRT_GGUF_WEIGHTS"  # "quantized" (the default where it serves) or "dequantize"
 TIED = "embed_tokens"  # a tied embedding held: the LM head's weight too
-SUFFIXES = ("weight_scale", "weight_min")  # beside `weight`, what a held layer loads
 
 
 def resident_layers(model: nn.Module, tensor_types: dict[str, str], device: torch.device) -> dict[str, str]:
@@ -91,7 +91,7 @@ def pack_layers(model: nn.Module, layers: dict[str, str], dtype: torch.dtype) ->
             logger.info("GGUF weights, %s: %s (%s)", fmt_name, ", ".join(str(r) for r in routes[fmt_name]) or
                         f"the {kernel.isa.name} tiles at every row count", timings)
         product = QuantLinear(weight, kernel, routes.get(fmt_name, ()))
-        for attr in SUFFIXES:
+        for attr in HELD_PARTS:
             if hasattr(module, attr):
                 delattr(module, attr)
         for holder in (module, model.lm_head) if name == TIED else (module,):

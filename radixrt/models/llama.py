@@ -32,7 +32,14 @@ from radixrt.kernels import AttentionBackend
 from radixrt.kernels.fused_layers import ACTIVATIONS, TORCH_LAYERS, TorchLayers, load_fused_layers  # noqa: F401
 from radixrt.models.config import ModelConfig
 from radixrt.models.moe import SparseMoE, moe_tensor_suffix
-from radixrt.models.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding, rank_heads
+from radixrt.models.parallel import (
+    HELD_PARTS,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+    rank_heads,
+)
 from radixrt.models.rope import RotaryEmbedding
 
 
@@ -203,7 +210,7 @@ class LlamaForCausalLM(nn.Module):
         for name, source in self.checkpoint_tensors(weights):
             if self._load_moe(name, source, unset):
                 continue
-            target, dst_rows, src_index = self._shard_plan(name, _columns(source) if name.endswith(QUANT_PARTS) else None)
+            target, dst_rows, src_index = self._shard_plan(name, _columns(source) if name.endswith(HELD_PARTS) else None)
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
             params[target].data[dst_rows].copy_(source[src_index])
@@ -238,20 +245,23 @@ class LlamaForCausalLM(nn.Module):
         return True
 
     def _shard_plan(self, name: str, columns: int | None = None) -> tuple[str, slice, tuple[slice, ...]]:
-        """(parameter, rows of it to fill, index into the checkpoint tensor) for this rank. A GGUF layer held
-        quantized (models/gguf_weights.py) also loads `weight_scale` and `weight_min` beside `weight`, a column
-        per group of inputs: split as the weight is, by rows, or along their `columns` for a row-parallel layer."""
+        """(parameter, rows of it to fill, index into the checkpoint tensor) for this rank. A layer's
+        `weight_scale` and `weight_min` (HELD_PARTS) split by rows as its weight does; for a row-parallel layer
+        a GGUF layer's (a column per group of inputs: `columns` of them) split along their columns too, and a
+        scale per output channel (int8 and fp8 checkpoints: one column, or none) is whole on every rank."""
         everything = (slice(None),)
         for part, (fused, index) in self.FUSED.items():
             if f".{part}." in name:
                 dst, src = self._fused_rows(fused, index)
                 return name.replace(part, fused), dst, (src,)
-        base = name.removesuffix("_scale").removesuffix("_min")  # QUANT_PARTS: split as weight is
-        if base.endswith(self.ROW_PARALLEL):
+        weight = _weight_of(name)
+        if weight.endswith(self.ROW_PARALLEL):
+            if weight != name and (columns or 1) == 1:
+                return name, slice(None), everything
             width = self.cfg.num_heads * self.cfg.head_dim if "o_proj" in name else self.cfg.intermediate_size
-            start, count = self.tp.split(columns if base != name and columns is not None else width, name)
+            start, count = self.tp.split(columns if weight != name else width, name)
             return name, slice(None), (slice(None), slice(start, start + count))
-        if base.endswith(self.VOCAB_PARALLEL):
+        if weight.endswith(self.VOCAB_PARALLEL):
             start, count = self.tp.split(self.cfg.vocab_size, "vocab_size")
             return name, slice(None), (slice(start, start + count),)
         return name, slice(None), everything
@@ -271,12 +281,15 @@ class LlamaForCausalLM(nn.Module):
 
 
 def _columns(source: Any) -> int | None:
-    """A checkpoint tensor's (or safetensors slice's) second dimension, None for a vector."""
+    """A checkpoint tensor's (or safetensors slice's) second dimension, None for a vector or a scalar."""
     shape = source.shape if hasattr(source, "shape") else source.get_shape()
     return shape[1] if len(shape) > 1 else None
 
 
-QUANT_PARTS = ("weight_scale", "weight_min")  # a held GGUF layer's groups (gguf_weights.SUFFIXES)
+def _weight_of(name: str) -> str:
+    """The weight a layer's HELD_PARTS tensor goes with (o_proj.weight_scale -> o_proj.weight); else name."""
+    part = next((p for p in HELD_PARTS if name.endswith(p)), None)
+    return name if part is None else name.removesuffix(part) + "weight"
 
 
 def use_layer_ops(model: nn.Module, ops: TorchLayers) -> None:

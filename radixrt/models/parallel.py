@@ -59,6 +59,11 @@ class TPGroup:
         return torch.cat(parts, dim=-1)
 
 
+# What a layer loads beside `weight` when its checkpoint holds it quantized: an int8 or fp8 scale per output
+# channel, or a GGUF layer's scale and min per group of inputs (gguf_weights.py)
+HELD_PARTS = ("weight_scale", "weight_min")
+
+
 def rank_heads(cfg: ModelConfig, tp: TPGroup) -> tuple[int, int, int, int]:
     """(first q head, q heads, first kv head, kv heads) of this rank; KV heads are
     replicated when there are fewer of them than ranks."""
