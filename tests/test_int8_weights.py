@@ -167,10 +167,29 @@ def test_flags_and_checkpoint_must_agree():
 def test_int4wo_is_refused_where_its_tiles_do_not_run():
     from radixrt.models.int4_weights import quantize_layers
 
-    with pytest.raises(ValueError, match=r"int4wo-128 holds the weights in radixrt's 4-bit CPU tiles, at one rank; this server runs at 2 ranks"):
-        quantize_layers(torch.nn.Module(), 128, torch.device("cpu"), 2)
-    with pytest.raises(ValueError, match="this server runs not on the CPU"):
-        quantize_layers(torch.nn.Module(), 128, torch.device("meta"), 1)
+    with pytest.raises(ValueError, match=r"int4wo-128 holds the weights in radixrt's 4-bit CPU tiles; this server runs not on the CPU"):
+        quantize_layers(torch.nn.Module(), 128, torch.device("meta"))
+
+
+def test_int4wo_under_tensor_parallelism_quantizes_each_ranks_slice(llama_path):
+    """--torchao-config int4wo-32 at --tp-size 2: each rank quantizes the slice it loaded, so at a group of 32
+    (a row-parallel slice starts on a group) every rank holds exactly its slice of the one-rank layer."""
+    from radixrt.kernels.quant_weights import dequantize
+    from radixrt.models.config import ModelConfig
+    from radixrt.models.parallel import TPGroup
+    from radixrt.models.registry import load_model
+
+    cfg, scheme = ModelConfig.from_dir(llama_path), weight_scheme(None, "int4wo-32", None)
+    load = lambda tp: load_model(llama_path, cfg, torch.float32, torch.device("cpu"), tp, scheme)  # noqa: E731
+    one, ranks = load(TPGroup()), [load(TPGroup(r, 2)) for r in range(2)]
+    full = lambda model, name: dequantize(model.get_submodule(name).quant.weight)  # noqa: E731
+    o, down, gate_up = "layers.1.self_attn.o_proj", "layers.1.mlp.down_proj", "layers.1.mlp.gate_up_proj"
+    for r, part in enumerate(ranks):
+        assert torch.equal(full(part, o), full(one, o)[:, r * 32:(r + 1) * 32])
+        assert torch.equal(full(part, down), full(one, down)[:, r * 96:(r + 1) * 96])
+        gu = full(one, gate_up)
+        assert torch.equal(full(part, gate_up), torch.cat([gu[r * 96:(r + 1) * 96], gu[192 + r * 96:192 + (r + 1) * 96]]))
+        assert part.quant_held[0] == one.quant_held[0] == 4 * cfg.num_layers
 
 
 def test_fp8_weights_are_dequantized_per_tensor_per_row_and_per_block():
@@ -223,21 +242,26 @@ def test_a_compressed_tensors_checkpoint_serves_what_quantizing_at_load_serves(l
 
 def test_int4wo_serves_from_four_bit_tiles(llama_path):
     """--torchao-config int4wo-32 on an unquantized checkpoint: every projection held in 4-bit tiles, the
-    server says so, requests complete with no page leaked, and weights are not updated in place."""
+    server says so, requests complete with no page leaked, and weights are not updated in place. At
+    --tp-size 2 (each rank its slice, quantized alike at a group of 32) the greedy tokens are one rank's."""
     from support.helpers import assert_no_page_leak
 
     import radixrt
 
-    with radixrt.Engine(model_path=str(llama_path), torchao_config="int4wo-32", max_total_tokens=512, dtype="float32",
-                        log_level="warning") as engine:
-        outs = engine.generate(["The quick brown fox", "Once upon a time"], sampling_params={"max_new_tokens": 6, "temperature": 0})
-        assert all(len(o["output_ids"]) == 6 for o in outs)
-        info = engine.get_server_info()
-        assert info["weight_quantization"] == "int4wo"
-        assert "linear layers held in 4 bits per 32 inputs" in info["weight_quantization_reason"]
-        success, message, _ = engine.update_weights_from_disk(str(llama_path))
-        assert not success and "served quantized (int4wo)" in message
-        assert_no_page_leak(engine)
+    served = []
+    for tp in (1, 2):
+        with radixrt.Engine(model_path=str(llama_path), torchao_config="int4wo-32", max_total_tokens=512, dtype="float32",
+                            tp_size=tp, log_level="warning") as engine:
+            outs = engine.generate(["The quick brown fox", "Once upon a time"], sampling_params={"max_new_tokens": 6, "temperature": 0})
+            served.append([o["output_ids"] for o in outs])
+            assert all(len(ids) == 6 for ids in served[-1])
+            info = engine.get_server_info()
+            assert info["weight_quantization"] == "int4wo"
+            assert "16 linear layers held in 4 bits per 32 inputs" in info["weight_quantization_reason"]
+            success, message, _ = engine.update_weights_from_disk(str(llama_path))
+            assert not success and "served quantized (int4wo)" in message
+            assert_no_page_leak(engine)
+    assert served[0] == served[1]
 
 
 def test_an_fp8_checkpoint_loads_as_its_dequantized_weights(llama_path, tmp_path):

@@ -172,3 +172,38 @@ def test_amx_tiles_equal_the_float64_reference_where_the_cpu_has_them():
             got, want = amx(x, w), reference(x, w)
             torch.testing.assert_close(got.double(), want, atol=1e-4 * want.abs().max().item(), rtol=1e-5)
             assert torch.equal(amx(x, w, torch.bfloat16), got.bfloat16())
+
+
+def test_tensor_parallel_ranks_route_each_format_as_rank_0_measured():
+    """Each process measures its routes at start, so two ranks may route a row count differently; agree_routes
+    gives every held layer rank 0's (sent as a code per probed row count, Ranks.share) and leaves a rank that
+    measured alike as it was. A format rank 0 does not hold, or AMX tiles this process lacks, are errors."""
+    from radixrt.kernels.quant_weights import FORMATS, load_amx_qgemm, load_qgemm
+    from radixrt.models.quant_linear import PROBE_ROWS, QuantLinear, Route, agree_routes, route_codes, routes_from_codes
+
+    require_native()
+    kernel, amx = load_qgemm(), load_amx_qgemm()
+    q4, q8 = (pack(*unpack(gguf_tensor(t, 32, 64), t, 32, 64)) for t in ("Q4_1", "Q8_0"))
+    rank0 = [Route(64, None)]
+    assert route_codes(rank0) == [0, 2, 2, 2] and routes_from_codes(route_codes(rank0), kernel, amx) == rank0
+    assert route_codes([]) == [0] * len(PROBE_ROWS) and routes_from_codes([0] * len(PROBE_ROWS), kernel, None) == []
+    model = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1), torch.nn.Linear(1, 1))
+    model[0].quant, model[1].quant = QuantLinear(q4, kernel, [Route(16, None)]), QuantLinear(q4, kernel, [Route(16, None)])
+    model[2].quant = QuantLinear(q8, kernel, rank0)
+    sent = []
+
+    def share(values):  # rank 0 held both formats; its q4 layers go dequantized from 64 rows, its q8 as ours
+        sent.append(values)
+        codes = {"q4": route_codes(rank0), "q8": route_codes(rank0)}
+        return [c for name in sorted(FORMATS) for c in codes.get(name, [-1] * len(PROBE_ROWS))]
+
+    kept = model[2].quant
+    assert agree_routes(model, share, amx) == ["q4"]
+    assert model[0].quant.routes == model[1].quant.routes == tuple(rank0) and model[2].quant is kept
+    assert len(sent[0]) == len(PROBE_ROWS) * 6 and sent[0].count(-1) == len(PROBE_ROWS) * 4
+    x = torch.randn(70, 64)
+    assert torch.equal(model[0].quant(x), torch.nn.functional.linear(x, dequantize(q4)))
+    with pytest.raises(RuntimeError, match="rank 0 holds no q8 layer where this rank does"):
+        agree_routes(model, lambda v: [c if i < 4 * len(PROBE_ROWS) else -1 for i, c in enumerate(v)], amx)
+    with pytest.raises(RuntimeError, match="AMX-INT8 tiles, which this process cannot load"):
+        routes_from_codes([0, 1, 1, 1], kernel, None)

@@ -8,7 +8,8 @@ products, or the weight dequantized per call where start-up measured that faster
 As SGLang's torchao filter, only the layers named *proj (attention and MLP projections) are quantized;
 the embedding and LM head stay in the model's dtype, as does a layer the tiles cannot take (out_features
 not a multiple of 16, in_features not of 32; a shorter last group where it is not a multiple of the group).
-CPU, one rank: elsewhere refused by name.
+Under tensor parallelism each rank quantizes the slice it loaded (as torchao does a sharded weight): a
+row-parallel layer's groups start at its slice's first input. CPU only: elsewhere refused by name.
 """
 
 from __future__ import annotations
@@ -46,14 +47,13 @@ def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch
     return q.round().clamp(0, 15).to(torch.uint8).view(N, K), scales, mins
 
 
-def quantize_layers(model: nn.Module, group: int, device: torch.device, tp_size: int) -> dict[str, int]:
-    """Quantize each *proj layer's loaded weight in place into the placeholders gguf_weights.pack_layers
-    packs (`weight` values, `weight_scale`, `weight_min`); returns them (name -> 4 bits)."""
-    why = ("not on the CPU" if device.type != "cpu" else f"at {tp_size} ranks" if tp_size != 1
-           else "without the compiled quantized GEMM" if load_qgemm() is None else "")
+def quantize_layers(model: nn.Module, group: int, device: torch.device) -> dict[str, str]:
+    """Quantize each *proj layer's loaded weight (this rank's slice) in place into the placeholders
+    gguf_weights.pack_layers packs (`weight` values, `weight_scale`, `weight_min`); returns them (name -> "q4")."""
+    why = "not on the CPU" if device.type != "cpu" else "without the compiled quantized GEMM" if load_qgemm() is None else ""
     if why:
-        raise ValueError(f"--torchao-config int4wo-{group} holds the weights in radixrt's 4-bit CPU tiles, at one "
-                         f"rank; this server runs {why} (use int8wo, or serve unquantized)")
+        raise ValueError(f"--torchao-config int4wo-{group} holds the weights in radixrt's 4-bit CPU tiles; "
+                         f"this server runs {why} (use int8wo, or serve unquantized)")
     layers, kept = {}, []
     for name, module in int8_targets(model):
         out, inp = module.weight.shape

@@ -1,8 +1,8 @@
 """A linear layer's product through its weight held quantized (kernels/quant_weights.py), and which kernel
 multiplies it at how many rows: the ISA's integer tiles (VNNI where the CPU has it) at few rows, and from
 a row count start-up measures on the layer's shape, the AMX-INT8 tiles or the weight dequantized for the
-call and multiplied by the model dtype's GEMM, whichever is fastest there. Also a tied embedding's lookup
-from the LM head's held weight.
+call and multiplied by the model dtype's GEMM, whichever is fastest there (tensor-parallel ranks then take
+rank 0's: agree_routes). Also a tied embedding's lookup from the LM head's held weight.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixrt.kernels.quant_weights import QGemm, QuantWeight, held_rows
+from radixrt.kernels.quant_weights import FORMATS, QGemm, QuantWeight, held_rows
 
 PROBE_ROWS = (16, 64, 256, 1024)  # row counts at which start-up times each way against the integer tiles
 PROBE_ROUNDS = 5
 MARGIN = 0.95  # another way is taken where it costs at most this share of the current one's time
+WAYS = ("tiles", "amx", "dequantized")  # the ISA's integer tiles, the AMX-INT8 tiles, the weight dequantized per call
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,51 @@ def choose_routes(weight: QuantWeight, kernel: QGemm, amx: QGemm | None, dtype: 
             routes.append(Route(rows, ways[best][0]))
             current = best
     return routes, "; ".join(timings)
+
+
+def route_codes(routes: Sequence[Route]) -> list[int]:
+    """The way each of PROBE_ROWS' row counts multiplies by under routes (WAYS' index): what ranks share."""
+    codes, way = [], 0
+    for rows in PROBE_ROWS:
+        for r in routes:
+            if r.rows == rows:
+                way = WAYS.index("dequantized" if r.kernel is None else "amx" if r.kernel.isa.name == "amx" else "tiles")
+        codes.append(way)
+    return codes
+
+
+def routes_from_codes(codes: Sequence[int], kernel: QGemm, amx: QGemm | None) -> list[Route]:
+    """route_codes' inverse on this process's kernels. Raises RuntimeError where a code names the AMX tiles
+    and this process has none."""
+    if 1 in codes and amx is None:
+        raise RuntimeError("another rank multiplies through the AMX-INT8 tiles, which this process cannot load")
+    ways, routes, current = (kernel, amx, None), [], 0
+    for rows, code in zip(PROBE_ROWS, codes):
+        if code != current:
+            routes.append(Route(rows, ways[code]))
+            current = code
+    return routes
+
+
+def agree_routes(model: torch.nn.Module, share: Callable[[list[int]], list[int]], amx: QGemm | None) -> list[str]:
+    """Route every held layer of `model` as rank 0 measured its format's (share: rank 0's ints on every rank,
+    Ranks.share), so that tensor-parallel ranks multiply a layer's slices alike at every row count: each
+    process measures its own at start. Returns the formats whose routes changed here."""
+    held = [(m, m.quant) for m in model.modules() if isinstance(getattr(m, "quant", None), QuantLinear)]
+    mine: dict[str, list[int]] = {}
+    for _, q in held:
+        mine.setdefault(q.weight.format.name, route_codes(q.routes))
+    names = sorted(FORMATS)
+    agreed = share([c for name in names for c in mine.get(name, [-1] * len(PROBE_ROWS))])
+    theirs = {name: agreed[i * len(PROBE_ROWS):(i + 1) * len(PROBE_ROWS)] for i, name in enumerate(names)}
+    changed = sorted(name for name in mine if theirs[name] != mine[name])
+    for module, q in held:
+        codes = theirs[q.weight.format.name]
+        if -1 in codes:
+            raise RuntimeError(f"rank 0 holds no {q.weight.format.name} layer where this rank does")
+        if q.weight.format.name in changed:
+            module.quant = QuantLinear(q.weight, q.kernel, routes_from_codes(codes, q.kernel, amx))
+    return changed
 
 
 def _median_s(fn) -> float:

@@ -67,7 +67,7 @@ def load_model(
     if int8 and not scheme.prequantized:
         quantize_linear_weights(model, tp)
     if scheme.name == "int4wo":
-        held = quantize_layers(model, scheme.group, device, tp.size)
+        held = quantize_layers(model, scheme.group, device)
     # the linear layers held in 4-, 5- or 8-bit tiles (a GGUF file's blocks, or int4wo), their bytes, whether
     # a tied embedding is, and how many layers each format holds (gguf_weights.py)
     formats = Counter(fmt for name, fmt in held.items() if name != TIED)

@@ -78,7 +78,7 @@ class QuantArgs:
     )
     torchao_config: str = arg(
         "", "SGLang's torchao option, computed by radixrt's own kernels: int8wo (int8 weights, activations in the "
-        "model dtype), int8dq (as w8a8_int8) or int4wo-<group> (4-bit weights per 32, 64, 128 or 256 inputs; CPU, one rank)"
+        "model dtype), int8dq (as w8a8_int8) or int4wo-<group> (4-bit weights per 32, 64, 128 or 256 inputs; CPU)"
     )
     load_format: str = arg("auto", "auto (safetensors, or GGUF for a .gguf model_path), safetensors or gguf")
 

@@ -23,6 +23,7 @@ from radixrt.config import ServerArgs
 from radixrt.config_views import PoolConfig, TierConfig
 from radixrt.kernels import AttentionBackend, PagedKVCache, create_attention_backend
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
+from radixrt.kernels.quant_weights import load_amx_qgemm
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.checkpoint_quant import weight_scheme
 from radixrt.models.cpu_matmul import (
@@ -42,6 +43,7 @@ from radixrt.models.int8_linear import (
 )
 from radixrt.models.lora import LoraBank
 from radixrt.models.parallel import TPGroup, rank_heads
+from radixrt.models.quant_linear import agree_routes
 from radixrt.models.weight_quant import use_int8_kernel
 from radixrt.settings.kv import rotates_keys
 from radixrt.settings.quant import WeightScheme
@@ -147,6 +149,8 @@ def quantized_kernels(model: torch.nn.Module, scheme: WeightScheme, dtype: torch
         tied = "the tied embedding and lm_head held too, as one copy" if held[2] else f"the embedding and lm_head in {dtype}"
         how = "as the file quantizes them" if scheme.name == "gguf" else f"in 4 bits per {scheme.group} inputs"
         formats = ", ".join(f"{name} {count}" for name, count in held[3].items())
+        if changed := agree_routes(model, ranks.share, load_amx_qgemm()):
+            logger.info("weights: %s layers routed by row count as rank 0 measured", ", ".join(changed))
         reason = (f"{scheme.source}: {held[0]} linear layers held {how} ({formats}; {held[1] / 2**20:.1f} MiB in all, "
                   f"int8 activations, kernels/quant_weights.py); {tied}")
         logger.info("weights: %s", reason)
