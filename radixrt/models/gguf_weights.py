@@ -16,6 +16,7 @@ Held where the CPU kernel builds, on every tensor-parallel rank (RADIXRT_GGUF_WE
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections import defaultdict
@@ -23,7 +24,8 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from radixrt.kernels.quant_weights import FORMATS, load_amx_qgemm, load_qgemm, pack
+from radixrt.kernels.huge_pages import Arena
+from radixrt.kernels.quant_weights import FORMATS, Format, load_amx_qgemm, load_qgemm, pack
 from radixrt.models.gguf_blocks import layer_format
 from radixrt.models.parallel import HELD_PARTS
 from radixrt.models.quant_linear import QuantLinear, QuantRows, choose_routes
@@ -59,6 +61,12 @@ def resident_layers(model: nn.Module, tensor_types: dict[str, str], device: torc
     return {name: fmt for name, fmt in layers.items() if fmt is not None and _tiles(model.get_submodule(name))}
 
 
+def _packed_bytes(module: nn.Module, fmt: Format) -> list[int]:
+    """The bytes of the tensors `pack` makes of a held layer in fmt: its values, float16 scales and mins."""
+    out, inp = module.weight.shape
+    return [out * inp * fmt.bits // 8, out * inp // fmt.sub * 2] + ([out * inp // 32 * 2] if fmt.has_min else [])
+
+
 def _tiles(module: nn.Module) -> bool:
     """Whether the kernel tiles the layer: out_features a multiple of 16, in_features of 32."""
     out, inp = module.weight.shape
@@ -79,13 +87,16 @@ def hold_placeholders(model: nn.Module, layers: dict[str, str]) -> None:
 
 
 def pack_layers(model: nn.Module, layers: dict[str, str], dtype: torch.dtype) -> int:
-    """Pack each held layer's loaded values into the kernel's layout and multiply through it (the
+    """Pack each held layer's loaded values into the kernel's layout, in huge pages, and multiply through it (the
     placeholders dropped: `weight` stays an empty [0, in] tensor of the model's dtype); a tied embedding's
     becomes the LM head's product and the embedding's lookup. Returns the bytes held."""
     kernel, amx, held, routes = load_qgemm(), load_amx_qgemm(), 0, {}
+    arena = Arena([n for name, f in layers.items() for n in _packed_bytes(model.get_submodule(name), FORMATS[f])])
     for name, fmt_name in layers.items():
         module = model.get_submodule(name)
-        weight = pack(module.weight.data, module.weight_scale.data, getattr(module, "weight_min", None), FORMATS[fmt_name])
+        w = pack(module.weight.data, module.weight_scale.data, getattr(module, "weight_min", None), FORMATS[fmt_name])
+        weight = dataclasses.replace(w, packed=arena.take(w.packed), scales=arena.take(w.scales),
+                                     mins=arena.take(w.mins) if w.mins is not None else None)
         if fmt_name not in routes and dtype in (torch.float32, torch.bfloat16):  # measured on the first layer of each
             routes[fmt_name], timings = choose_routes(weight, kernel, amx, dtype)
             logger.info("GGUF weights, %s: %s (%s)", fmt_name, ", ".join(str(r) for r in routes[fmt_name]) or
