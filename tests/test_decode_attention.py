@@ -270,3 +270,34 @@ def test_int4_scores_match_naive_attention_over_the_queries_the_variant_reads(pa
         slots = (table[i, torch.arange(p + n) // page_size] * page_size + torch.arange(p + n) % page_size)
         want = naive_attention(q_read[q_starts[i] : q_starts[i + 1]], k_all[slots], v_all[slots], scale)
         torch.testing.assert_close(got[q_starts[i] : q_starts[i + 1]].double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", NATIVE)
+@pytest.mark.parametrize("kv_heads,window,softcap", [(3, None, None), (1, None, 30.0), (3, 300, None), (2, None, None)])
+def test_a_lone_decode_split_between_threads_equals_naive_attention(path, kv_heads, window, softcap, monkeypatch):
+    """One request decoding over 700 tokens gives two threads 3 or 1 tasks (one per KV head): the kernel splits
+    each task's tokens into parts and merges them by their log-sum-exps (2 KV heads: no split). Output and lse
+    equal naive attention's over the same tokens, the window's and the soft cap's included."""
+    from radixrt.kernels.native_attention import build_variant
+    from radixrt.kernels.native_build import ISA_BY_NAME
+    from support.kernels import variant_of
+
+    require_native()
+    kernel = build_variant(ISA_BY_NAME[variant_of(path)])
+    group, D, T, scale = 3, 64, 700, 0.125
+    g = torch.Generator().manual_seed(kv_heads)
+    k, v = (torch.randn(T + 1, 1, kv_heads, D, generator=g).bfloat16() for _ in range(2))
+    q = torch.randn(1, kv_heads * group, D, generator=g)
+    pages = torch.randperm(T, generator=g).view(1, T)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out, lse = kernel(q, k, v, pages, torch.tensor([T]), scale, want_lse=True, window=window, softcap=softcap)
+    finally:
+        torch.set_num_threads(threads)
+    k_seq, v_seq = k[pages[0], 0], v[pages[0], 0]
+    want = naive_attention(q, k_seq, v_seq, scale, window, softcap)
+    torch.testing.assert_close(out.double(), want, atol=2e-3, rtol=2e-3)
+    s = torch.einsum("hd,thd->ht", q[0].double(), k_seq.double().repeat_interleave(group, 1)) * scale
+    s = softcap * torch.tanh(s / softcap) if softcap else s
+    torch.testing.assert_close(lse[0].double(), torch.logsumexp(s[:, -(window or T):], dim=1), atol=2e-3, rtol=1e-4)

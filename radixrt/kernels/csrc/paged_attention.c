@@ -649,6 +649,23 @@ static void attend_task_int8(const Pool *pool, const float *q, int64_t q_stride,
 }
 
 #define PC 16 /* query positions per task: a request's K/V is read once per chunk of this many */
+#define SPLIT_MIN_TOKENS 128 /* a decode's tokens per part, at least, where its tokens are split between threads */
+
+/* `parts` partial attentions of the same rows over disjoint token ranges (outs [parts][rows][D], each
+ * normalized over its range, and their log-sum-exps [parts][rows]) -> the attention over all of them. */
+static void merge_parts(const float *outs, const float *lses, int parts, int64_t rows, int D, float *out, float *lse) {
+    for (int64_t r = 0; r < rows; r++) {
+        float m = -INFINITY, w[parts], sum = 0.0f;
+        for (int p = 0; p < parts; p++) m = lses[p * rows + r] > m ? lses[p * rows + r] : m;
+        for (int p = 0; p < parts; p++) sum += w[p] = expf(lses[p * rows + r] - m);
+        for (int d = 0; d < D; d++) {
+            float v = 0.0f;
+            for (int p = 0; p < parts; p++) v += w[p] * outs[(p * rows + r) * D + d];
+            out[r * D + d] = v / sum;
+        }
+        if (lse) lse[r] = m + logf(sum);
+    }
+}
 
 /* The token range [lo, hi) of each query position of request b: its n queries are the last n of its
  * kv_len tokens, each reading up to itself, the last `window` tokens of that when window > 0. */
@@ -707,6 +724,27 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
     const int dot = 0;
 #endif
     const size_t rows = (size_t)PC * per_task * G;
+    /* Decodes too few to give every thread as many tasks (one request of three KV heads on two threads) split
+     * each task's tokens into `parts` ranges of SPLIT_MIN_TOKENS or more, each attended alone into its own out
+     * and lse, then merged by their log-sum-exps. */
+    int64_t shortest = INT64_MAX;
+    for (int b = 0; b < B; b++) shortest = q_starts[b + 1] - q_starts[b] > 1 ? 0 : kv_lens[b] < shortest ? kv_lens[b] : shortest;
+    if (window > 0 && window < shortest) shortest = window;
+    const int64_t tasks = chunks * splits, threads = omp_get_max_threads();
+    int64_t parts = 1, common = tasks, t = threads; /* the fewest parts that give every thread as many */
+    while (t) {
+        const int64_t r = common % t;
+        common = t, t = r;
+    }
+    if (tasks < 2 * threads && tasks % threads) parts = threads / common;
+    if (parts > shortest / SPLIT_MIN_TOKENS) parts = shortest / SPLIT_MIN_TOKENS > 1 ? shortest / SPLIT_MIN_TOKENS : 1;
+    const int64_t part_rows = (int64_t)per_task * G; /* a part's out rows (D floats each) and lse */
+    float *part_out = parts > 1 ? malloc(sizeof(float) * (size_t)(tasks * parts * part_rows * (D + 1))) : NULL;
+    if (parts > 1 && !part_out) {
+        free(chunk_req);
+        return 3;
+    }
+    float *part_lse = part_out ? part_out + tasks * parts * part_rows * D : NULL;
     int failed = 0;
 #pragma omp parallel
     {
@@ -717,8 +755,9 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
             failed = 3;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < chunks * splits; task++) {
+        for (int64_t job = 0; job < tasks * parts; job++) {
             if (!scratch) continue;
+            const int64_t task = job / parts, part = job % parts;
             const int64_t b = chunk_req[task / splits], c = chunk_pos[task / splits];
             const int h0 = (int)(task % splits) * per_task;
             const int64_t n = q_starts[b + 1] - q_starts[b], P = n - c < PC ? n - c : PC;
@@ -727,11 +766,17 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
             Pool mine = pool;
             mine.pages = pages + b * pages_stride;
             const int64_t row = (q_starts[b] + c) * H + (int64_t)h0 * G; /* position c's first row of KV head h0 */
+            float *o = out + row * D, *l = lse ? lse + row : NULL;
+            if (parts > 1) { /* a decode (P = 1): this part's share of its tokens */
+                const int64_t from = lo[0], len = hi[0] - lo[0];
+                lo[0] = from + len * part / parts, hi[0] = from + len * (part + 1) / parts;
+                o = part_out + job * part_rows * D, l = part_lse + job * part_rows;
+            }
             const int64_t N = hi[P - 1] - lo[0]; /* its scores' rows are this long, padded: not the widest task's */
 #ifdef HAVE_BRGEMM
             if (tiles && P * G >= TILE_MIN_ROWS) {
                 const int err = attend_task_tiles(&mine, q + row * D, (int64_t)H * D, (int)P, lo, hi, lo[0], N, h0, per_task, G,
-                                                  out + row * D, lse ? lse + row : NULL, H);
+                                                  o, l, H);
                 tiled = 1;
                 if (err) {
 #pragma omp atomic write
@@ -741,8 +786,7 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
             }
 #endif
             task_fn(&mine, q + row * D, (int64_t)H * D, (int)P, lo, hi, lo[0], N, h0, per_task, G, scratch,
-                    (N + TB - 1) / TB * TB, dot ? (uint16_t *)(scratch + rows * (size_t)Np) : NULL, out + row * D,
-                    lse ? lse + row : NULL, H);
+                    (N + TB - 1) / TB * TB, dot ? (uint16_t *)(scratch + rows * (size_t)Np) : NULL, o, l, H);
         }
         free(scratch);
 #ifdef HAVE_BRGEMM
@@ -750,7 +794,16 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
 #else
         (void)tiled;
 #endif
+        if (parts > 1) {
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < tasks; task++) {
+                const int64_t row = q_starts[chunk_req[task / splits]] * H + (int64_t)(task % splits) * per_task * G;
+                merge_parts(part_out + task * parts * part_rows * D, part_lse + task * parts * part_rows, (int)parts,
+                            part_rows, D, out + row * D, lse ? lse + row : NULL);
+            }
+        }
     }
+    free(part_out);
     free(chunk_req);
     return failed;
 }
