@@ -1,4 +1,4 @@
-"""CPU tensors in transparent huge pages: memory a decode step streams through (held weights, the KV pool).
+"""CPU tensors in transparent huge pages: memory a decode step streams through (held quantized weights).
 
 A decode step reads every weight and its requests' KV once, and at one row its time is that read. In 4 KiB
 pages an 85 MB model is 21,000 pages, far past the TLB, so the stream pays page walks; Linux backs an

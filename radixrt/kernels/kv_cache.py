@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import torch
 
-from radixrt.kernels import huge_pages
 from radixrt.kernels.kv_quant import (
     KVFormat, cast_saturating, dequantize_int4, element_bytes, quantize_int8, rotated, split_formats, store_int4,
 )  # fmt: skip
@@ -50,15 +49,14 @@ class KVSide:
         self.storage = fmt.storage or dtype
         pages, page_size, heads, head_dim = shape
         values = (pages, page_size, heads, head_dim // 2) if fmt.group else shape
-        # NOTE: empty, not zeros: a large pool is then committed by the OS page by page as it is written. Only
-        # the padding page is zeroed (by PagedKVCache). On the CPU in huge pages: a decode streams through it.
-        def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-            return huge_pages.empty(shape, dtype) if device.type == "cpu" else torch.empty(shape, dtype=dtype, device=device)
-
-        self.values = [empty(values, self.storage) for _ in range(num_layers)]
+        # NOTE: torch.empty, not zeros: a large pool is then committed by the OS page by page as
+        # it is written. Only the padding page is zeroed (by PagedKVCache). Not in huge pages
+        # (kernels/huge_pages.py): measured on an AMX Xeon, W2 on SmolLM2 0.86-0.91x with them, each 2 MiB
+        # first written costing a fault that zeroes (and may compact) all of it, and batch-1 decode no faster.
+        self.values = [torch.empty(values, dtype=self.storage, device=device) for _ in range(num_layers)]
         scales = ((pages, page_size, heads, head_dim // fmt.group), torch.float16) if fmt.group else (shape[:3], torch.float32)
         n_scaled = num_layers if fmt.token_scales else 0
-        self.token_scales = [empty(*scales) for _ in range(n_scaled)]
+        self.token_scales = [torch.empty(scales[0], dtype=scales[1], device=device) for _ in range(n_scaled)]
         self.layer_scale = [1.0] * num_layers  # fp8's (dequantized = stored * scale); 1.0 otherwise
 
     def store(self, layer: int, slots: torch.Tensor, x: torch.Tensor) -> None:
