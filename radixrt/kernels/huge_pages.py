@@ -1,6 +1,7 @@
-"""CPU tensors in transparent huge pages: memory a decode step streams through (held quantized weights).
+"""CPU tensors in transparent huge pages: memory a decode step streams through (held quantized weights;
+not the KV pool, see kv_cache.py).
 
-A decode step reads every weight and its requests' KV once, and at one row its time is that read. In 4 KiB
+A decode step reads every weight once, and at one row its time is that read. In 4 KiB
 pages an 85 MB model is 21,000 pages, far past the TLB, so the stream pays page walks; Linux backs an
 anonymous mapping with 2 MiB pages where asked (madvise MADV_HUGEPAGE, which
 /sys/kernel/mm/transparent_hugepage/enabled "madvise", the common default, requires). Measured on an AMX Xeon
@@ -25,7 +26,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
-ALIGN = 64  # each tensor of into_huge_pages starts on a cache line
+ALIGN = 64  # each tensor of an Arena starts on a cache line
 ENV = "RADIXRT_HUGE_PAGES"  # "0" turns them off
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -58,14 +59,6 @@ def huge_empty(nbytes: int) -> torch.Tensor:
     return whole[start : start + nbytes]
 
 
-def empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """torch.empty(shape, dtype=dtype) on the CPU, in huge pages where `available`."""
-    count = 1
-    for n in shape:
-        count *= n
-    return huge_empty(count * dtype.itemsize).view(dtype).view(*shape)
-
-
 class Arena:
     """One huge_empty mapping that tensors are copied into one after another, each on a cache line: its pages
     are committed as they are written, so memory freed as each is copied in keeps the peak down."""
@@ -83,12 +76,6 @@ class Arena:
         copy.copy_(t)
         self.at += _aligned(size)
         return copy
-
-
-def into_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Contiguous copies of CPU tensors, side by side in one Arena."""
-    arena = Arena([t.numel() * t.element_size() for t in tensors])
-    return [arena.take(t) for t in tensors]
 
 
 def _aligned(nbytes: int) -> int:

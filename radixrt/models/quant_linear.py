@@ -107,7 +107,7 @@ def route_codes(routes: Sequence[Route]) -> list[int]:
 def routes_from_codes(codes: Sequence[int], kernel: QGemm, amx: QGemm | None) -> list[Route]:
     """route_codes' inverse on this process's kernels. Raises RuntimeError where a code names the AMX tiles
     and this process has none."""
-    if 1 in codes and amx is None:
+    if WAYS.index("amx") in codes and amx is None:
         raise RuntimeError("another rank multiplies through the AMX-INT8 tiles, which this process cannot load")
     ways, routes, current = (kernel, amx, None), [], 0
     for rows, code in zip(PROBE_ROWS, codes):
