@@ -124,3 +124,48 @@ def test_decodes_sharing_prefix_pages_attend_in_cascade_exactly(page_size, dtype
                                    D**-0.5).float()
             tol = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(got[i : i + 1].float(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shapes", [MIXED, DECODES], ids=["mixed", "decode"])
+@pytest.mark.parametrize("window,softcap", [(None, None), (24, 30.0)])
+def test_the_layer_entry_stores_and_attends_as_the_general_path(dtype, shapes, window, softcap):
+    """One call per layer (native_attention.LayerStep: the new K/V stored, then the kernel) gives the same
+    output and the same pool, bit for bit, as the store and the kernel called apart; q, k and v are views of
+    one fused projection's rows, as the model hands them over. Decodes come first, as the scheduler
+    orders a step (a chunk before a decode leaves the general path's gather to it)."""
+    shapes = sorted(shapes, key=lambda s: s[1] > 1)
+    heads, kv_heads, D, page_size, layers = 8, 2, 32, 4, 2
+    las = [LayerAttention(D**-0.5, window=window, softcap=softcap)] * layers
+    caches = [PagedKVCache(layers, 64, page_size, kv_heads, D, dtype, torch.device("cpu")) for _ in range(2)]
+    backends = [create_attention_backend("torch", c, heads, D, las) for c in caches]
+    if backends[0].kernels is None:
+        pytest.skip("no variant of the compiled attention kernel builds here")
+    torch.manual_seed(1)
+    for c in caches:  # the same cached prefixes in both
+        for i, buf in enumerate(c.k + c.v):
+            buf.copy_(torch.randn(buf.shape, generator=torch.Generator().manual_seed(i)).to(dtype))
+    order = torch.randperm(64)
+    tables, at = [], 0
+    for prefix, new in shapes:
+        n = math.ceil((prefix + new) / page_size)
+        tables.append(order[at : at + n].tolist())
+        at += n
+    width = max(len(t) for t in tables)
+    page_table = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    out_slots = torch.cat([page_table[i, pos // page_size] * page_size + pos % page_size
+                           for i, (p, n) in enumerate(shapes) for pos in [torch.arange(p, p + n)]])
+    meta = AttentionMetadata([n for _, n in shapes], [p + n for p, n in shapes], page_table, out_slots, page_size)
+    for b in backends:
+        b.init_forward(meta)
+    assert all(s is not None for s in backends[0].layer_steps)
+    backends[1].layer_steps = [None] * layers  # the general path: the store, then the kernel
+    T = sum(n for _, n in shapes)
+    for layer in range(layers):
+        qkv = torch.randn(T, (heads + 2 * kv_heads) * D).to(dtype)
+        q, k, v = qkv.split([heads * D, kv_heads * D, kv_heads * D], dim=-1)
+        q, k, v = q.view(T, heads, D), k.view(T, kv_heads, D), v.view(T, kv_heads, D)
+        got, want = (b.forward(q, k, v, layer) for b in backends)
+        assert got.dtype == dtype and torch.equal(got, want)
+    for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+        assert torch.equal(a, b)

@@ -55,6 +55,9 @@ class NativeAttention:
         p, i = ctypes.c_void_p, ctypes.c_int
         f, i64 = ctypes.c_float, ctypes.c_int64
         self._fn.argtypes = [p, p, p, i, p, p, p, i64, p, p, i, i, i, i, i, f, i64, f, p, p]
+        self._layer = getattr(loaded, f"radixrt_attend_layer_{isa.name}")  # csrc/attend_layer.h
+        self._layer.restype = ctypes.c_int
+        self._layer.argtypes = [p, i, i64, p, i64, p, i64, p, i64, p, p, i, p, i64, p, p, i, i, i, i, i, f, i64, f, p]
 
     def __call__(
         self,
@@ -102,6 +105,49 @@ class NativeAttention:
         if err:
             raise RuntimeError(f"paged attention kernel ({self.isa.name}) failed: {ERRORS.get(err, err)}")
         return out, lse
+
+
+class LayerStep:
+    """One step's attention for the layers of one plan through the kernel's layer entry
+    (csrc/attend_layer.h): the new K/V stored into a float32 or bf16 pool and every request
+    attending, in one call per layer, the queries and the output in the model's dtype. The step's
+    page tables, lengths, q_starts and slots are bound once; `__call__` returns None for inputs
+    the entry does not take (another dtype, a head's features not contiguous): the caller's
+    general path serves them."""
+
+    def __init__(self, kernel: NativeAttention, pages: torch.Tensor, lens: torch.Tensor, q_starts: torch.Tensor | None,
+                 slots: torch.Tensor, window: int | None) -> None:
+        for t in (pages, lens, slots, *(() if q_starts is None else (q_starts,))):
+            assert t.is_contiguous() and t.dtype == torch.int64 and t.device.type == "cpu"
+        self.keep = (pages, lens, q_starts, slots)  # the pointers below stay valid while the step runs
+        self.fn = kernel._layer
+        self.step_args = (slots.data_ptr(), slots.shape[0])
+        self.run_args = (pages.data_ptr(), pages.shape[1], lens.data_ptr(),
+                         None if q_starts is None else q_starts.data_ptr(), lens.shape[0])
+        self.window = window or 0
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                 scale: float, softcap: float | None) -> torch.Tensor | None:
+        """q [T, heads, D], k and v [T, kv_heads, D] of one dtype -> [T, heads, D] in it, or None."""
+        kind = LAYER_KINDS.get(q.dtype)
+        T, H, D = q.shape
+        if kind is None or k.dtype != q.dtype or v.dtype != q.dtype or not _heads_contiguous(q, k, v, D):
+            return None
+        out = torch.empty(T, H, D, dtype=q.dtype)
+        err = self.fn(q.data_ptr(), kind, q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), *self.step_args,
+                      k_pool.data_ptr(), v_pool.data_ptr(), KINDS[k_pool.dtype], *self.run_args, H, k.shape[1], D,
+                      k_pool.shape[1], scale, self.window, softcap or 0.0, out.data_ptr())
+        if err:
+            raise RuntimeError(f"paged attention layer entry failed: {ERRORS.get(err, err)}")
+        return out
+
+
+LAYER_KINDS = {torch.float32: 0, torch.bfloat16: 1}  # the layer entry's queries, new K/V and output
+
+
+def _heads_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int) -> bool:
+    return (q.stride(2) == k.stride(2) == v.stride(2) == 1 and q.stride(1) == k.stride(1) == v.stride(1) == D
+            and k.shape[2] == D and q.device.type == "cpu")
 
 
 def _set_brgemm(loaded: ctypes.CDLL) -> bool:

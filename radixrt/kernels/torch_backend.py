@@ -64,13 +64,21 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.kernels.attention_mass import page_mass, token_mass
-from radixrt.kernels.attention_plan import CascadePlan, KVRun, NativeCascades, StepPlanner, TreePlan, additive_mask
+from radixrt.kernels.attention_plan import (
+    CascadePlan,
+    KVRun,
+    NativeCascades,
+    StepPlan,
+    StepPlanner,
+    TreePlan,
+    additive_mask,
+)
 from radixrt.kernels.backend import AttentionBackend, AttentionMetadata, LayerAttention
 from radixrt.kernels.decode_attention import attend, group_queries, merge
 from radixrt.kernels.kv_cache import PagedKVCache
 from radixrt.kernels.kernel_choice import KernelChoice, Shape, choose_kernels
 from radixrt.kernels.kv_quant import rotated
-from radixrt.kernels.native_attention import KINDS, NativeAttention
+from radixrt.kernels.native_attention import KINDS, LayerStep, NativeAttention
 
 
 # The explicit (softcapped) prefill path holds at most this many float32 scores at once.
@@ -134,11 +142,30 @@ class TorchBackend(AttentionBackend):
         self.meta = meta
         # [num_layers]: the plan each layer runs this step; one mass plan per meta.mass_reqs
         self.layer_plans, self.mass_plans = self.planner.plan(meta, self.layers)
+        # [num_layers]: the layer entry where the kernel stores and attends alone (else None)
+        steps = {id(p): self._layer_step(p, meta) for p in {id(p): p for p in self.layer_plans}.values()}
+        self.layer_steps = [steps[id(p)] for p in self.layer_plans]
+
+    def _layer_step(self, plan: StepPlan, meta: AttentionMetadata) -> LayerStep | None:
+        """The kernel's layer entry for a plan of one call over every request, in order, into a
+        float32 or bf16 pool (quantized pools, cascades, trees, mass and the torch path: None)."""
+        if (self.kernels is None or self.cache.quantized or self.mass_plans or plan.cascades or plan.prefills
+                or plan.native_cascades is not None or plan.trees is not None or len(plan.decodes) != 1
+                or plan.decodes[0].rows is not None):  # fmt: skip
+            return None
+        d = plan.decodes[0]
+        kernel = self.kernels.decode if d.q_starts is None else self.kernels.extend
+        return LayerStep(kernel, d.run.pages, d.run.lens, d.q_starts, meta.out_slots, d.run.window)
 
     def take_page_mass(self) -> list[torch.Tensor]:
         return [page_mass(m.mass, self.meta.page_size) for m in self.mass_plans]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        if (step := self.layer_steps[layer]) is not None:
+            la = self.layers[layer]
+            out = step(q, k, v, self.cache.k[layer], self.cache.v[layer], la.scale, la.softcap)
+            if out is not None:
+                return out
         self.cache.write(layer, self.meta.out_slots, k, v)
         la, plan = self.layers[layer], self.layer_plans[layer]
         out = torch.empty_like(q)  # [T, heads, head_dim]

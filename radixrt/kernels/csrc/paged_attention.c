@@ -807,3 +807,5 @@ int CAT(radixrt_paged_attention, ISA_NAME)(const float *q, const void *k_pool, c
     free(chunk_req);
     return failed;
 }
+
+#include "attend_layer.h"
