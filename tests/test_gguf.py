@@ -422,3 +422,26 @@ def test_estimate_and_kv_fingerprint_read_the_gguf_file(smollm2):
     gguf_meta, converted = tensor_meta(sidecar), checkpoint_tensors(smollm2.hf_dir)  # the same model as safetensors
     assert {n: m.shape for n, m in gguf_meta.items()} == {n: m.shape for n, m in converted.items()}
     assert weight_files(sidecar) == [smollm2.gguf.resolve()]  # the disk KV tier is named by the GGUF's bytes
+
+
+def test_a_held_model_runs_act_mul_through_the_kernel_in_float32(tmp_path, llama_path):
+    """A model whose linear layers stay quantized rounds its activations to int8 before every product, so
+    its float32 act_mul goes through the compiled kernel (torch's silu differs from it in the last bit at
+    most); a float32 model served unquantized keeps torch's act_mul, the exactness reference."""
+    from radixrt.kernels.fused_layers import act_mul_ref, load_fused_layers
+    from radixrt.models.config import ModelConfig
+    from radixrt.models.registry import load_model
+    from radixrt.settings.quant import WeightScheme
+
+    if load_fused_layers() is None:
+        pytest.skip("the fused layer kernels do not build here")
+    sidecar = tiny_gguf_sidecar(tmp_path, "llama", {"hidden_size": 64, "intermediate_size": 128, "head_dim": 16}, "Q4_1")
+    held = load_model(sidecar, ModelConfig.from_dir(sidecar), torch.float32, torch.device("cpu"),
+                      scheme=WeightScheme("gguf", "test", prequantized=True))
+    plain = load_model(llama_path, ModelConfig.from_dir(llama_path), torch.float32, torch.device("cpu"))
+    gate_up = torch.randn(3, 256)
+    got = held.layers[0].mlp.ops.act_mul(gate_up, "silu")
+    assert torch.float32 in held.layers[0].mlp.ops.act_dtypes
+    torch.testing.assert_close(got, act_mul_ref(gate_up, "silu"), rtol=1e-6, atol=1e-6)
+    assert torch.equal(plain.layers[0].mlp.ops.act_mul(gate_up, "silu"), act_mul_ref(gate_up, "silu"))
+    assert torch.float32 not in plain.layers[0].mlp.ops.act_dtypes

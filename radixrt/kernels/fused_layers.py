@@ -50,6 +50,9 @@ ACT_CODES = {"silu": 0, "gelu_pytorch_tanh": 1}
 # float32 is the exactness reference (token parity with transformers): it keeps torch's act_mul.
 MODEL_DTYPES = frozenset({torch.bfloat16, torch.float32})
 MODEL_ACT_DTYPES = frozenset({torch.bfloat16})
+# A model whose linear layers are held quantized (a GGUF file's, int4wo) rounds every activation to int8 per
+# 32 before it multiplies: act_mul's last bit is below that, and the kernel serves float32 too.
+QUANTIZED_ACT_DTYPES = frozenset({torch.bfloat16, torch.float32})
 MAX_NORM_HIDDEN = 1 << 16  # the kernel's limit (its scratch row is on the stack)
 
 
@@ -248,14 +251,14 @@ def build_fused_layers(
 
 
 @functools.cache
-def load_fused_layers() -> FusedLayers | None:
-    """The kernels for this CPU (native_build.chosen_isa), built if needed; None where they are
-    switched off or cannot be built (logged once, with the reason: the torch path stays)."""
+def load_fused_layers(act_dtypes: frozenset[torch.dtype] = MODEL_ACT_DTYPES) -> FusedLayers | None:
+    """The kernels for this CPU (native_build.chosen_isa), built if needed, act_mul's for act_dtypes; None
+    where they are switched off or cannot be built (logged once, with the reason: the torch path stays)."""
     if os.environ.get(ENABLE_ENV, "1").strip() == "0":
         logger.info("fused layers: off (%s=0); using the torch path", ENABLE_ENV)
         return None
     try:
-        fused = build_fused_layers(native_build.chosen_isa())
+        fused = build_fused_layers(native_build.chosen_isa(), act_dtypes=act_dtypes)
     except (OSError, RuntimeError, ValueError) as e:
         logger.warning("fused layers: the compiled CPU kernels are unavailable (%s); using the torch path", e)
         return None

@@ -11,12 +11,13 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from radixrt.kernels.fused_layers import QUANTIZED_ACT_DTYPES, TORCH_LAYERS, load_fused_layers
 from radixrt.models.config import ModelConfig
 from radixrt.models.fp8_checkpoint import dequantize_fp8
 from radixrt.models.gemma import GemmaForCausalLM
 from radixrt.models.gguf_weights import TIED, hold_placeholders, pack_layers, resident_layers
 from radixrt.models.int4_weights import quantize_layers
-from radixrt.models.llama import LlamaForCausalLM
+from radixrt.models.llama import LlamaForCausalLM, use_layer_ops
 from radixrt.models.parallel import TPGroup
 from radixrt.models.phi3 import Phi3ForCausalLM
 from radixrt.models.weight_quant import (
@@ -72,6 +73,8 @@ def load_model(
     # a tied embedding is, and how many layers each format holds (gguf_weights.py)
     formats = Counter(fmt for name, fmt in held.items() if name != TIED)
     model.quant_held = (formats.total(), pack_layers(model, held, dtype), TIED in held, dict(sorted(formats.items()))) if held else None
+    if held and model.layer_ops is not TORCH_LAYERS:  # activations rounded to int8 before every product
+        use_layer_ops(model, load_fused_layers(QUANTIZED_ACT_DTYPES) or model.layer_ops)
     return model.eval()
 
 
