@@ -155,6 +155,7 @@ class LlamaForCausalLM(nn.Module):
     VOCAB_PARALLEL = ("embed_tokens.weight", "lm_head.weight")
     norm_class: type[nn.Module] = RMSNorm
     layer_class: type[DecoderLayer] = DecoderLayer
+    held_steps = None  # a model held quantized: its layers in one C call where they serve (held_steps.HeldSteps)
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup = TPGroup()) -> None:
         super().__init__()
@@ -185,6 +186,8 @@ class LlamaForCausalLM(nn.Module):
         """input_ids: [T]; positions: [T] rows of the rope tables (the positions themselves, except
         for a longrope model: RotaryEmbedding.table_rows) -> final hidden states [T, hidden] (before the norm)."""
         x, residual = self.embed(input_ids), None
+        if self.held_steps is not None and (hidden := self.held_steps(x, positions, attn)) is not None:
+            return hidden  # the layers in one C call (held_steps.py)
         for layer, rope in zip(self.layers, self.layer_ropes):
             x, residual = layer(x, residual, positions, rope, attn)
         return x + residual

@@ -15,6 +15,7 @@ from radixrt.kernels.fused_layers import QUANTIZED_ACT_DTYPES, TORCH_LAYERS, loa
 from radixrt.models.config import ModelConfig
 from radixrt.models.fp8_checkpoint import dequantize_fp8
 from radixrt.models.gemma import GemmaForCausalLM
+from radixrt.models.held_steps import HeldSteps
 from radixrt.models.gguf_weights import TIED, hold_placeholders, pack_layers, resident_layers
 from radixrt.models.int4_weights import quantize_layers
 from radixrt.models.llama import LlamaForCausalLM, use_layer_ops
@@ -75,6 +76,7 @@ def load_model(
     model.quant_held = (formats.total(), pack_layers(model, held, dtype), TIED in held, dict(sorted(formats.items()))) if held else None
     if held and model.layer_ops is not TORCH_LAYERS:  # activations rounded to int8 before every product
         use_layer_ops(model, load_fused_layers(QUANTIZED_ACT_DTYPES) or model.layer_ops)
+        model.held_steps = HeldSteps.of(model)
     return model.eval()
 
 
