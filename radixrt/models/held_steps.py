@@ -10,7 +10,8 @@ the hidden state is bit for bit the Python layers' (tests/test_held_steps.py).
 
 It serves where every layer is the plain Llama block through kernels this process chose: no biases, no
 q/k norms, no MoE, one rank, no LoRA, the compiled layer ops (with act_mul in the activations' dtype),
-every projection held, the step fewer rows than any layer's first route (the integer tiles), and an
+every projection held, the step fewer rows than any layer's first route that dequantizes the weight (the
+integer tiles, VNNI or AMX, below it), and an
 attention backend whose step is one layer entry call per layer (TorchBackend.layer_steps: a float32 or
 bf16 pool, no cascades, trees or attention mass). Elsewhere `__call__` returns None and the Python
 layers run, as before.
@@ -36,8 +37,12 @@ STAGES = ("", "the input norm", "the q/k/v product", "rope", "attention", "the o
 P, I32, I64, F32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
 
 
+MAX_ROUTES = 4  # held_layers.c's
+
+
 class _Linear(ctypes.Structure):
-    _fields_ = [("fn", P), ("packed", P), ("scales", P), ("mins", P), ("bits", I32), ("sub", I32), ("N", I64), ("K", I64)]
+    _fields_ = [("fn", P), ("packed", P), ("scales", P), ("mins", P), ("bits", I32), ("sub", I32), ("N", I64), ("K", I64),
+                ("route_rows", I64 * MAX_ROUTES), ("route_fns", P * MAX_ROUTES), ("routes", I32)]
 
 
 class _Layer(ctypes.Structure):
@@ -58,11 +63,21 @@ def _address(fn: ctypes._CFuncPtr) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
+def held_until(q: QuantLinear) -> int:
+    """The rows from which the layer's product dequantizes the weight for F.linear (no bound: 1 << 62)."""
+    return next((r.rows for r in q.routes if r.kernel is None), 1 << 62)
+
+
 def _linear(q: QuantLinear) -> _Linear:
+    """The layer's weight and kernels: its routes through other tiles, up to its first route that dequantizes
+    (C cannot: held_until says where the loop stops serving)."""
     w = q.weight
     mins = w.mins.data_ptr() if w.mins is not None else None
+    tiles = [r for r in q.routes if r.rows < held_until(q)]
+    assert len(tiles) <= MAX_ROUTES, f"{len(tiles)} routes; held_layers.c takes {MAX_ROUTES}"
     return _Linear(_address(q.kernel._fn), w.packed.data_ptr(), w.scales.data_ptr(), mins, w.bits, w.format.sub,
-                   w.out_features, w.in_features)
+                   w.out_features, w.in_features, (I64 * MAX_ROUTES)(*(r.rows for r in tiles)),
+                   (P * MAX_ROUTES)(*(_address(r.kernel._fn) for r in tiles)), len(tiles))
 
 
 @functools.cache
@@ -88,7 +103,7 @@ class HeldSteps:
         # bound at the first step (the pools come with the backend; start-up may still reroute the layers)
         self.layers: ctypes.Array | None = None
         self.bound_to: object | None = None
-        self.max_rows = 0  # the integer tiles serve below every layer's first route
+        self.max_rows = 0  # below every layer's first route that dequantizes
 
     @classmethod
     def of(cls, model: nn.Module) -> HeldSteps | None:
@@ -118,7 +133,7 @@ class HeldSteps:
                        layer.post_attention_layernorm.weight.data_ptr(), attn.cache.k[i].data_ptr(),
                        attn.cache.v[i].data_ptr(), la[i].scale, la[i].softcap or 0.0, la[i].window or 0)
                 for i, (qs, layer) in enumerate(zip(held, layers))]
-        self.max_rows = min(q._from for qs in held for q in qs)
+        self.max_rows = min(held_until(q) for qs in held for q in qs)
         self.bound_to = attn
         return (_Layer * len(rows))(*rows)
 

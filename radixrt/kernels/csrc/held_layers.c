@@ -23,11 +23,18 @@ typedef int (*attend_fn)(const void *, int, int64_t, const void *, int64_t, cons
                          int, int, int, int, float, int64_t, float, void *);
 typedef int (*act_fn)(const void *, int64_t, void *, int, int64_t, int64_t, int, int);
 
-typedef struct { /* one held linear layer: x [T, K] -> [T, N] through `fn` (qgemm.c's entry) */
+#define MAX_ROUTES 4
+
+/* One held linear layer: x [T, K] -> [T, N] through `fn` (qgemm.c's entry), or from route_rows[i] rows on
+ * through route_fns[i] (another variant's entry: the AMX-INT8 tiles), as quant_linear.QuantLinear routes. */
+typedef struct {
     gemm_fn fn;
     const void *packed, *scales, *mins;
     int32_t bits, sub;
     int64_t N, K;
+    int64_t route_rows[MAX_ROUTES];
+    gemm_fn route_fns[MAX_ROUTES];
+    int32_t routes;
 } Linear;
 
 typedef struct {
@@ -57,7 +64,10 @@ typedef struct {
 } Step;
 
 static int gemm(const Step *s, const Linear *l, const void *x, void *out) {
-    return l->fn(x, s->kind, s->T, l->K, l->N, l->packed, l->bits, l->sub, l->scales, l->mins, out, s->kind, s->threads);
+    gemm_fn fn = l->fn;
+    for (int i = 0; i < l->routes; i++)
+        if (s->T >= l->route_rows[i]) fn = l->route_fns[i];
+    return fn(x, s->kind, s->T, l->K, l->N, l->packed, l->bits, l->sub, l->scales, l->mins, out, s->kind, s->threads);
 }
 
 static int run_layer(const Step *s, const Layer *L) {
