@@ -97,18 +97,21 @@ def test_where_the_loop_does_not_serve_the_python_layers_run(tmp_path):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_loop_takes_each_layers_routes_below_its_first_dequantizing_one(tmp_path, dtype):
     """From a route's rows on, the loop multiplies through that route's tiles (the AMX-INT8 ones where the CPU
-    has them, else the same VNNI ones: the choice is what is tested), as QuantLinear does; from a route that
+    has them, else the same VNNI ones: the choice is what is tested), as QuantLinear does, and the AMX-BF16 ones
+    from 8 rows where the CPU has them; from a route that
     dequantizes the weight on, it leaves the step to the Python layers."""
-    from radixrt.kernels.quant_weights import load_amx_qgemm
+    from radixrt.kernels.quant_weights import tile_kernels
     from radixrt.models.quant_linear import QuantLinear, Route
 
     model, cfg = held_model(tmp_path, "llama", "Q4_1", dtype)
     for m in model.modules():
         if isinstance(getattr(m, "quant", None), QuantLinear):
             q = m.quant
-            m.quant = QuantLinear(q.weight, q.kernel, [Route(4, load_amx_qgemm() or q.kernel), Route(16, None)])
-    shapes = [(5, 1), (13, 1), (0, 1), (7, 5)]  # 8 rows: the tiles from 4 rows on
-    ids = torch.randint(0, cfg.vocab_size, (8,), generator=torch.Generator().manual_seed(2))
+            others = tile_kernels()
+            routes = [Route(4, others[0] if others else q.kernel)] + [Route(8, o) for o in others[1:2]]
+            m.quant = QuantLinear(q.weight, q.kernel, routes + [Route(16, None)])
+    shapes = [(5, 1), (13, 1), (0, 1), (7, 6)]  # 9 rows
+    ids = torch.randint(0, cfg.vocab_size, (9,), generator=torch.Generator().manual_seed(2))
     (b1, c1, meta, positions), (b2, c2, _, _) = step(cfg, shapes, dtype), step(cfg, shapes, dtype)
     assert torch.equal(run(model, b1, meta, ids, positions, True), run(model, b2, meta, ids, positions, False))
     assert all(torch.equal(a, b) for a, b in zip(c1.k + c1.v, c2.k + c2.v))

@@ -127,7 +127,7 @@ def test_from_each_route_s_rows_a_layer_goes_its_way(qtype):
     dequantized for the call: the compiled dequantizer gives `dequantize`'s values exactly (float32; bf16
     rounded to nearest even), and the layer's product is then F.linear over them; fewer rows take the ISA's
     tiles. The start-up choice makes routes at probed row counts, ascending, and logs every way's time."""
-    from radixrt.kernels.quant_weights import load_amx_qgemm, load_qgemm
+    from radixrt.kernels.quant_weights import load_amx_qgemm, load_qgemm, tile_kernels
     from radixrt.models.quant_linear import PROBE_ROWS, QuantLinear, Route, choose_routes
 
     require_native()
@@ -148,10 +148,10 @@ def test_from_each_route_s_rows_a_layer_goes_its_way(qtype):
     assert torch.equal(layer(few)[0], layer(few[0]))
     with pytest.raises(ValueError, match=rf"\[M, {k}\] on the CPU, got torch.float32 \[1, {k + 32}\]"):
         kernel(torch.zeros(1, k + 32), w)
-    chosen, timings = choose_routes(w, kernel, amx, torch.bfloat16)
+    chosen, timings = choose_routes(w, kernel, tile_kernels(), torch.bfloat16)
     assert [r.rows for r in chosen] == sorted(r.rows for r in chosen) and all(r.rows in PROBE_ROWS for r in chosen)
     assert all(f"{rows} rows {kernel.isa.name} 1.00x" in timings for rows in PROBE_ROWS) and "dequantized" in timings
-    assert (amx is not None) == ("amx" in timings)
+    assert all(f" {other.name} " in timings for other in tile_kernels()) and (amx is not None) == (" amx " in timings)
 
 
 def test_amx_tiles_equal_the_float64_reference_where_the_cpu_has_them():
@@ -174,19 +174,44 @@ def test_amx_tiles_equal_the_float64_reference_where_the_cpu_has_them():
             assert torch.equal(amx(x, w, torch.bfloat16), got.bfloat16())
 
 
+def test_amx_bf16_tiles_equal_the_bf16_product_where_the_cpu_has_them():
+    """amx_bf16_tiles.h: the weight dequantized to bf16 a tile at a time (exactly the dequantizer's bf16 values)
+    times x rounded to bf16, summed in float32, in every format, rows past a block of 16 and of 64 padded."""
+    from radixrt.kernels.native_build import AMX, cpu_flags
+    from radixrt.kernels.quant_weights import load_amx_bf16_qgemm
+
+    require_native()
+    missing = AMX.needs - (cpu_flags() or frozenset())
+    if missing:
+        pytest.skip(f"the AMX-BF16 tiles need {', '.join(sorted(missing))}, which this CPU lacks")
+    tiles = load_amx_bf16_qgemm()
+    assert tiles is not None and tiles.name == "amx-bf16"
+    for qtype, fmt in HELD:
+        for rows in (1, 16, 37, 100):
+            w = pack(*unpack(gguf_tensor(qtype, 96, 512, seed=rows), qtype, 96, 512, fmt))
+            x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 3
+            got = tiles(x, w)
+            want = x.bfloat16().double() @ dequantize(w).bfloat16().double().T
+            torch.testing.assert_close(got.double(), want, atol=1e-5 * want.abs().max().item(), rtol=1e-5)
+            assert torch.equal(tiles(x.bfloat16(), w, torch.bfloat16), got.bfloat16())
+
+
 def test_tensor_parallel_ranks_route_each_format_as_rank_0_measured():
     """Each process measures its routes at start, so two ranks may route a row count differently; agree_routes
     gives every held layer rank 0's (sent as a code per probed row count, Ranks.share) and leaves a rank that
     measured alike as it was. A format rank 0 does not hold, or AMX tiles this process lacks, are errors."""
-    from radixrt.kernels.quant_weights import FORMATS, load_amx_qgemm, load_qgemm
+    from radixrt.kernels.quant_weights import FORMATS, load_qgemm, tile_kernels
     from radixrt.models.quant_linear import PROBE_ROWS, QuantLinear, Route, agree_routes, route_codes, routes_from_codes
 
     require_native()
-    kernel, amx = load_qgemm(), load_amx_qgemm()
+    kernel, others = load_qgemm(), tile_kernels()
     q4, q8 = (pack(*unpack(gguf_tensor(t, 32, 64), t, 32, 64)) for t in ("Q4_1", "Q8_0"))
     rank0 = [Route(64, None)]
-    assert route_codes(rank0) == [0, 2, 2, 2] and routes_from_codes(route_codes(rank0), kernel, amx) == rank0
-    assert route_codes([]) == [0] * len(PROBE_ROWS) and routes_from_codes([0] * len(PROBE_ROWS), kernel, None) == []
+    assert route_codes(rank0) == [0, 2, 2, 2] and routes_from_codes(route_codes(rank0), kernel, others) == rank0
+    assert route_codes([]) == [0] * len(PROBE_ROWS) and routes_from_codes([0] * len(PROBE_ROWS), kernel, []) == []
+    for other in others:  # each of this CPU's other tiles comes back as itself
+        routed = [Route(16, other), Route(256, None)]
+        assert routes_from_codes(route_codes(routed), kernel, others) == routed
     model = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1), torch.nn.Linear(1, 1))
     model[0].quant, model[1].quant = QuantLinear(q4, kernel, [Route(16, None)]), QuantLinear(q4, kernel, [Route(16, None)])
     model[2].quant = QuantLinear(q8, kernel, rank0)
@@ -198,12 +223,14 @@ def test_tensor_parallel_ranks_route_each_format_as_rank_0_measured():
         return [c for name in sorted(FORMATS) for c in codes.get(name, [-1] * len(PROBE_ROWS))]
 
     kept = model[2].quant
-    assert agree_routes(model, share, amx) == ["q4"]
+    assert agree_routes(model, share, others) == ["q4"]
     assert model[0].quant.routes == model[1].quant.routes == tuple(rank0) and model[2].quant is kept
     assert len(sent[0]) == len(PROBE_ROWS) * 6 and sent[0].count(-1) == len(PROBE_ROWS) * 4
     x = torch.randn(70, 64)
     assert torch.equal(model[0].quant(x), torch.nn.functional.linear(x, dequantize(q4)))
     with pytest.raises(RuntimeError, match="rank 0 holds no q8 layer where this rank does"):
-        agree_routes(model, lambda v: [c if i < 4 * len(PROBE_ROWS) else -1 for i, c in enumerate(v)], amx)
+        agree_routes(model, lambda v: [c if i < 4 * len(PROBE_ROWS) else -1 for i, c in enumerate(v)], others)
     with pytest.raises(RuntimeError, match="AMX-INT8 tiles, which this process cannot load"):
-        routes_from_codes([0, 1, 1, 1], kernel, None)
+        routes_from_codes([0, 1, 1, 1], kernel, [])
+    with pytest.raises(RuntimeError, match="AMX-BF16 tiles, which this process cannot load"):
+        routes_from_codes([0, 3, 3, 2], kernel, [])

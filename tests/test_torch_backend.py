@@ -127,7 +127,7 @@ def test_decodes_sharing_prefix_pages_attend_in_cascade_exactly(page_size, dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shapes", [MIXED, DECODES], ids=["mixed", "decode"])
+@pytest.mark.parametrize("shapes", [MIXED, DECODES, [(3, 1), (0, 300)]], ids=["mixed", "decode", "long"])  # long: threads convert
 @pytest.mark.parametrize("window,softcap", [(None, None), (24, 30.0)])
 def test_the_layer_entry_stores_and_attends_as_the_general_path(dtype, shapes, window, softcap):
     """One call per layer (native_attention.LayerStep: the new K/V stored, then the kernel) gives the same
@@ -137,7 +137,7 @@ def test_the_layer_entry_stores_and_attends_as_the_general_path(dtype, shapes, w
     shapes = sorted(shapes, key=lambda s: s[1] > 1)
     heads, kv_heads, D, page_size, layers = 8, 2, 32, 4, 2
     las = [LayerAttention(D**-0.5, window=window, softcap=softcap)] * layers
-    caches = [PagedKVCache(layers, 64, page_size, kv_heads, D, dtype, torch.device("cpu")) for _ in range(2)]
+    caches = [PagedKVCache(layers, 128, page_size, kv_heads, D, dtype, torch.device("cpu")) for _ in range(2)]
     backends = [create_attention_backend("torch", c, heads, D, las) for c in caches]
     if backends[0].kernels is None:
         pytest.skip("no variant of the compiled attention kernel builds here")
@@ -145,7 +145,7 @@ def test_the_layer_entry_stores_and_attends_as_the_general_path(dtype, shapes, w
     for c in caches:  # the same cached prefixes in both
         for i, buf in enumerate(c.k + c.v):
             buf.copy_(torch.randn(buf.shape, generator=torch.Generator().manual_seed(i)).to(dtype))
-    order = torch.randperm(64)
+    order = torch.randperm(128)
     tables, at = [], 0
     for prefix, new in shapes:
         n = math.ceil((prefix + new) / page_size)

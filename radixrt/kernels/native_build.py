@@ -60,7 +60,8 @@ ISAS: tuple[Isa, ...] = (
 ISA_BY_NAME = {isa.name: isa for isa in ISAS}
 # avx512bf16's code with AMX-INT8 tiles, for csrc/qgemm.c only (simd.h's RADIXRT_ISA_AMX): never a process's
 # variant, so not in ISAS; quant_weights.py builds it beside the chosen one where the CPU has the tiles.
-AMX = Isa("amx", _AVX512 | _BF16 | {"amx_tile", "amx_int8"}, (*_AVX512_FLAGS, *_BF16_FLAGS, "-mamx-tile", "-mamx-int8"), 16)
+AMX = Isa("amx", _AVX512 | _BF16 | {"amx_tile", "amx_int8", "amx_bf16"},
+          (*_AVX512_FLAGS, *_BF16_FLAGS, "-mamx-tile", "-mamx-int8", "-mamx-bf16"), 16)
 
 
 def _cpuinfo_value(key: str, cpuinfo: Path) -> str | None:

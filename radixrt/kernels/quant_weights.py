@@ -152,10 +152,12 @@ def reference(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
 class QGemm:
     """The kernel built for one ISA."""
 
-    def __init__(self, lib: Path, isa: native_build.Isa) -> None:
+    def __init__(self, lib: Path, isa: native_build.Isa, entry: str = "qgemm") -> None:
+        """entry: the product's entry point (qgemm: the integer tiles; qgemm_bf16: amx_bf16_tiles.h's)."""
         self.isa = isa
+        self.name = isa.name if entry == "qgemm" else f"{isa.name}-{entry.removeprefix('qgemm_')}"  # a route's way
         so = ctypes.CDLL(str(lib))
-        self._fn, self._dequantize = (getattr(so, f"radixrt_{name}_{isa.name}") for name in ("qgemm", "qdequantize"))
+        self._fn, self._dequantize = (getattr(so, f"radixrt_{name}_{isa.name}") for name in (entry, "qdequantize"))
         p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         self._fn.restype, self._fn.argtypes = ctypes.c_int, [p, i, i64, i64, i64, p, i, i, p, p, p, i, i]
         self._dequantize.restype, self._dequantize.argtypes = ctypes.c_int, [p, i, i, p, p, i64, i64, p, i, i]
@@ -223,6 +225,27 @@ def load_amx_qgemm() -> QGemm | None:
     except (OSError, RuntimeError) as e:
         logger.warning("quantized weights: the AMX-INT8 GEMM is unavailable (%s)", e)
         return None
+
+
+@functools.cache
+def load_amx_bf16_qgemm() -> QGemm | None:
+    """The weight dequantized to bf16 a tile at a time through AMX-BF16 tiles (csrc/amx_bf16_tiles.h) where the
+    CPU has them and it builds and runs (one product tried), else None (logged with the reason where it has them)."""
+    if load_amx_qgemm() is None:
+        return None
+    try:
+        kernel = QGemm(native_build.build(SOURCE, native_build.AMX), native_build.AMX, "qgemm_bf16")
+        kernel(torch.zeros(1, GROUP), pack(torch.zeros(TILE, GROUP, dtype=torch.int8), torch.ones(TILE, 1)))
+        return kernel
+    except (OSError, RuntimeError) as e:
+        logger.warning("quantized weights: the AMX-BF16 tiles are unavailable (%s)", e)
+        return None
+
+
+def tile_kernels() -> list[QGemm]:
+    """The products besides the ISA's integer tiles that start-up may route rows to: the AMX-INT8 tiles and the
+    AMX-BF16 ones over the weight dequantized a tile at a time, those this CPU runs."""
+    return [k for k in (load_amx_qgemm(), load_amx_bf16_qgemm()) if k is not None]
 
 
 @functools.cache

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from radixrt.kernels.huge_pages import Arena
-from radixrt.kernels.quant_weights import FORMATS, Format, load_amx_qgemm, load_qgemm, pack
+from radixrt.kernels.quant_weights import FORMATS, Format, load_qgemm, pack, tile_kernels
 from radixrt.models.gguf_blocks import layer_format
 from radixrt.models.parallel import HELD_PARTS
 from radixrt.models.quant_linear import QuantLinear, QuantRows, choose_routes
@@ -90,7 +90,7 @@ def pack_layers(model: nn.Module, layers: dict[str, str], dtype: torch.dtype) ->
     """Pack each held layer's loaded values into the kernel's layout, in huge pages, and multiply through it (the
     placeholders dropped: `weight` stays an empty [0, in] tensor of the model's dtype); a tied embedding's
     becomes the LM head's product and the embedding's lookup. Returns the bytes held."""
-    kernel, amx, held, routes = load_qgemm(), load_amx_qgemm(), 0, {}
+    kernel, others, held, routes = load_qgemm(), tile_kernels(), 0, {}
     arena = Arena([n for name, f in layers.items() for n in _packed_bytes(model.get_submodule(name), FORMATS[f])])
     for name, fmt_name in layers.items():
         module = model.get_submodule(name)
@@ -98,7 +98,7 @@ def pack_layers(model: nn.Module, layers: dict[str, str], dtype: torch.dtype) ->
         weight = dataclasses.replace(w, packed=arena.take(w.packed), scales=arena.take(w.scales),
                                      mins=arena.take(w.mins) if w.mins is not None else None)
         if fmt_name not in routes and dtype in (torch.float32, torch.bfloat16):  # measured on the first layer of each
-            routes[fmt_name], timings = choose_routes(weight, kernel, amx, dtype)
+            routes[fmt_name], timings = choose_routes(weight, kernel, others, dtype)
             logger.info("GGUF weights, %s: %s (%s)", fmt_name, ", ".join(str(r) for r in routes[fmt_name]) or
                         f"the {kernel.isa.name} tiles at every row count", timings)
         product = QuantLinear(weight, kernel, routes.get(fmt_name, ()))

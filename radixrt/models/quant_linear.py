@@ -1,7 +1,8 @@
 """A linear layer's product through its weight held quantized (kernels/quant_weights.py), and which kernel
 multiplies it at how many rows: the ISA's integer tiles (VNNI where the CPU has it) at few rows, and from
-a row count start-up measures on the layer's shape, the AMX-INT8 tiles or the weight dequantized for the
-call and multiplied by the model dtype's GEMM, whichever is fastest there (tensor-parallel ranks then take
+a row count start-up measures on the layer's shape, the AMX-INT8 tiles, the AMX-BF16 tiles over the weight
+dequantized a tile at a time, or the weight dequantized for the call and multiplied by the model dtype's
+GEMM, whichever is fastest there (tensor-parallel ranks then take
 rank 0's: agree_routes). Also a tied embedding's lookup from the LM head's held weight.
 """
 
@@ -20,7 +21,10 @@ from radixrt.kernels.quant_weights import FORMATS, QGemm, QuantWeight, held_rows
 PROBE_ROWS = (16, 64, 256, 1024)  # row counts at which start-up times each way against the integer tiles
 PROBE_ROUNDS = 5
 MARGIN = 0.95  # another way is taken where it costs at most this share of the current one's time
-WAYS = ("tiles", "amx", "dequantized")  # the ISA's integer tiles, the AMX-INT8 tiles, the weight dequantized per call
+# the ISA's integer tiles, the AMX-INT8 tiles, the weight dequantized per call, the AMX-BF16 tiles over the weight
+# dequantized a tile at a time (QGemm.name of the kernels besides the ISA's tiles: tile_kernels())
+WAYS = ("tiles", "amx", "dequantized", "amx-bf16")
+WAY_NAMES = {"amx": "AMX-INT8", "amx-bf16": "AMX-BF16"}
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class Route:
     kernel: QGemm | None
 
     def __str__(self) -> str:
-        return f"from {self.rows} rows {self.kernel.isa.name + ' tiles' if self.kernel else 'dequantized per call'}"
+        return f"from {self.rows} rows {self.kernel.name + ' tiles' if self.kernel else 'dequantized per call'}"
 
 
 class QuantLinear:
@@ -71,15 +75,15 @@ class QuantRows:
         return held_rows(self.weight, ids.reshape(-1)).to(self.dtype)
 
 
-def choose_routes(weight: QuantWeight, kernel: QGemm, amx: QGemm | None, dtype: torch.dtype) -> tuple[list[Route], str]:
+def choose_routes(weight: QuantWeight, kernel: QGemm, others: Sequence[QGemm], dtype: torch.dtype) -> tuple[list[Route], str]:
     """At each of PROBE_ROWS (median of PROBE_ROUNDS, on this layer's shape, x in dtype), the fastest of the
-    current way, the AMX tiles (where given) and dequantizing per call, another taken only where it costs at
-    most MARGIN of the current one; the routes that makes, and the timings as ratios to kernel's tiles, for
+    current way, the other tiles (tile_kernels(): AMX-INT8, AMX-BF16) and dequantizing per call, another taken
+    only where it costs at most MARGIN of the current one; the routes that makes, and the timings as ratios to kernel's tiles, for
     the log. Measured on an AMX Xeon (2 cores, SmolLM2's shapes): the AMX tiles 0.41-0.95x the VNNI ones' time
     at 16 rows, 0.26-0.7x at 64; dequantizing 1.5-3x bf16's F.linear alone."""
     ways: dict[str, tuple[QGemm | None, Callable]] = {kernel.isa.name: (kernel, lambda x: kernel(x, weight, dtype))}
-    if amx is not None:
-        ways[amx.isa.name] = (amx, lambda x: amx(x, weight, dtype))
+    for other in others:
+        ways[other.name] = (other, lambda x, other=other: other(x, weight, dtype))
     ways["dequantized"] = (None, lambda x: F.linear(x, kernel.dequantize(weight, dtype)))
     routes, current, timings = [], kernel.isa.name, []
     for rows in PROBE_ROWS:
@@ -99,25 +103,28 @@ def route_codes(routes: Sequence[Route]) -> list[int]:
     for rows in PROBE_ROWS:
         for r in routes:
             if r.rows == rows:
-                way = WAYS.index("dequantized" if r.kernel is None else "amx" if r.kernel.isa.name == "amx" else "tiles")
+                way = WAYS.index("dequantized" if r.kernel is None else r.kernel.name if r.kernel.name in WAYS else "tiles")
         codes.append(way)
     return codes
 
 
-def routes_from_codes(codes: Sequence[int], kernel: QGemm, amx: QGemm | None) -> list[Route]:
-    """route_codes' inverse on this process's kernels. Raises RuntimeError where a code names the AMX tiles
-    and this process has none."""
-    if WAYS.index("amx") in codes and amx is None:
-        raise RuntimeError("another rank multiplies through the AMX-INT8 tiles, which this process cannot load")
-    ways, routes, current = (kernel, amx, None), [], 0
+def routes_from_codes(codes: Sequence[int], kernel: QGemm, others: Sequence[QGemm]) -> list[Route]:
+    """route_codes' inverse on this process's kernels. Raises RuntimeError where a code names tiles this
+    process has not (others: its tile_kernels())."""
+    ways = {"tiles": kernel, "dequantized": None} | {o.name: o for o in others}
+    for code in set(codes):
+        if WAYS[code] not in ways:
+            raise RuntimeError(f"another rank multiplies through the {WAY_NAMES[WAYS[code]]} tiles, which this process "
+                               "cannot load")
+    routes, current = [], 0
     for rows, code in zip(PROBE_ROWS, codes):
         if code != current:
-            routes.append(Route(rows, ways[code]))
+            routes.append(Route(rows, ways[WAYS[code]]))
             current = code
     return routes
 
 
-def agree_routes(model: torch.nn.Module, share: Callable[[list[int]], list[int]], amx: QGemm | None) -> list[str]:
+def agree_routes(model: torch.nn.Module, share: Callable[[list[int]], list[int]], others: Sequence[QGemm]) -> list[str]:
     """Route every held layer of `model` as rank 0 measured its format's (share: rank 0's ints on every rank,
     Ranks.share), so that tensor-parallel ranks multiply a layer's slices alike at every row count: each
     process measures its own at start. Returns the formats whose routes changed here."""
@@ -134,7 +141,7 @@ def agree_routes(model: torch.nn.Module, share: Callable[[list[int]], list[int]]
         if -1 in codes:
             raise RuntimeError(f"rank 0 holds no {q.weight.format.name} layer where this rank does")
         if q.weight.format.name in changed:
-            module.quant = QuantLinear(q.weight, q.kernel, routes_from_codes(codes, q.kernel, amx))
+            module.quant = QuantLinear(q.weight, q.kernel, routes_from_codes(codes, q.kernel, others))
     return changed
 
 

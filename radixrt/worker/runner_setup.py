@@ -23,7 +23,7 @@ from radixrt.config import ServerArgs
 from radixrt.config_views import PoolConfig, TierConfig
 from radixrt.kernels import AttentionBackend, PagedKVCache, create_attention_backend
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
-from radixrt.kernels.quant_weights import load_amx_qgemm
+from radixrt.kernels.quant_weights import tile_kernels
 from radixrt.models import ModelConfig, load_model
 from radixrt.models.checkpoint_quant import weight_scheme
 from radixrt.models.cpu_matmul import (
@@ -149,7 +149,7 @@ def quantized_kernels(model: torch.nn.Module, scheme: WeightScheme, dtype: torch
         tied = "the tied embedding and lm_head held too, as one copy" if held[2] else f"the embedding and lm_head in {dtype}"
         how = "as the file quantizes them" if scheme.name == "gguf" else f"in 4 bits per {scheme.group} inputs"
         formats = ", ".join(f"{name} {count}" for name, count in held[3].items())
-        if changed := agree_routes(model, ranks.share, load_amx_qgemm()):
+        if changed := agree_routes(model, ranks.share, tile_kernels()):
             logger.info("weights: %s layers routed by row count as rank 0 measured", ", ".join(changed))
         reason = (f"{scheme.source}: {held[0]} linear layers held {how} ({formats}; {held[1] / 2**20:.1f} MiB in all, "
                   f"int8 activations, kernels/quant_weights.py); {tied}")

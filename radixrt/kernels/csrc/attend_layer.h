@@ -14,6 +14,8 @@
 #ifndef RADIXRT_ATTEND_LAYER_H
 #define RADIXRT_ATTEND_LAYER_H
 
+#define PAR_ELEMENTS (1 << 16) /* query elements from which the conversions split between threads */
+
 /* n elements from src (of src_bf16's kind) to dst (of dst_bf16's), as torch converts them */
 static void convert_row(const void *src, int src_bf16, void *dst, int dst_bf16, int64_t n) {
     if (src_bf16 == dst_bf16) {
@@ -33,6 +35,8 @@ int CAT(radixrt_attend_layer, ISA_NAME)(const void *q, int q_kind, int64_t q_str
     if ((q_kind != KIND_F32 && q_kind != KIND_BF16) || (kind != KIND_F32 && kind != KIND_BF16)) return 1;
     const int64_t row = (int64_t)KVH * D, width = (int64_t)H * D, pool_bytes = kind == KIND_BF16 ? 2 : 4;
     const int64_t q_bytes = q_kind == KIND_BF16 ? 2 : 4;
+    const int par = T * width >= PAR_ELEMENTS; /* a prefill chunk's rows: every thread converts some */
+#pragma omp parallel for if (par) schedule(static)
     for (int64_t t = 0; t < T; t++) {
         convert_row((const char *)new_k + t * k_stride * q_bytes, q_kind, (char *)k_pool + slots[t] * row * pool_bytes, kind, row);
         convert_row((const char *)new_v + t * v_stride * q_bytes, q_kind, (char *)v_pool + slots[t] * row * pool_bytes, kind, row);
@@ -46,15 +50,20 @@ int CAT(radixrt_attend_layer, ISA_NAME)(const void *q, int q_kind, int64_t q_str
         return 3;
     }
     float *of = direct ? (float *)out : qf + T * width;
-    if (!direct)
+    if (!direct) {
+#pragma omp parallel for if (par) schedule(static)
         for (int64_t t = 0; t < T; t++) convert_row((const char *)q + t * q_stride * q_bytes, q_kind, qf + t * width, 0, width);
+    }
     if (!q_starts)
         for (int b = 0; b <= B; b++) starts[b] = b;
     const int err = CAT(radixrt_paged_attention, ISA_NAME)(qf, k_pool, v_pool, kind, NULL, NULL, pages, pages_stride, kv_lens,
                                                            q_starts ? q_starts : starts, B, H, KVH, D, page_size, scale,
                                                            window, softcap, of, NULL);
     if (!direct) {
-        if (!err) convert_row(of, 0, out, q_kind, T * width);
+        if (!err) {
+#pragma omp parallel for if (par) schedule(static)
+            for (int64_t t = 0; t < T; t++) convert_row(of + t * width, 0, (char *)out + t * width * q_bytes, q_kind, width);
+        }
         free(qf);
     }
     free(starts);

@@ -187,6 +187,14 @@ static inline void unpack_group(const uint8_t *w, int bits, __m512i wv[8]) {
 
 static inline __m512 load_half16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
+/* Byte b of each lane of an unpacked group's vector (element k = 4j + b of the 16 outputs), dequantized: v d + m. */
+static inline __m512 group_element(__m512i wj, int bits, int b, __m512 d, __m512 m) {
+    const __m128i up = _mm_cvtsi32_si128(24 - 8 * b), down = _mm_cvtsi32_si128(bits == 8 ? 24 : 8 * b);
+    const __m512i v = bits == 8 ? _mm512_sra_epi32(_mm512_sll_epi32(wj, up), down)
+                                : _mm512_and_si512(_mm512_srl_epi32(wj, down), _mm512_set1_epi32(255));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), d, m);
+}
+
 static inline __m256i to_bf16x16(__m512 f) { /* rounded to nearest even */
 #ifdef HAVE_DOT_BF16
     return (__m256i)_mm512_cvtneps_pbh(f);
@@ -441,10 +449,7 @@ int CAT(radixrt_qdequantize, ISA_NAME)(const uint8_t *w, int bits, int sub, cons
             const __m512 m = mg ? load_half16(mg) : _mm512_mul_ps(d0, _mm512_set1_ps(offset_min(bits)));
             for (int j = 0; j < 8; j++)
                 for (int b = 0; b < 4; b++) { /* byte b of each lane: element k = 4j + b of the 16 outputs */
-                    const __m128i up = _mm_cvtsi32_si128(24 - 8 * b), down = _mm_cvtsi32_si128(bits == 8 ? 24 : 8 * b);
-                    const __m512i v = bits == 8 ? _mm512_sra_epi32(_mm512_sll_epi32(wv[j], up), down)
-                                                : _mm512_and_si512(_mm512_srl_epi32(wv[j], down), _mm512_set1_epi32(255));
-                    const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), j < 4 ? d0 : d1, m);
+                    const __m512 f = group_element(wv[j], bits, b, j < 4 ? d0 : d1, m);
                     const int64_t at = (g * GROUP + 4 * j + b) * N + t * TILE;
                     if (kind == KIND_F32)
                         _mm512_storeu_ps((float *)out + at, f);
@@ -464,3 +469,7 @@ int CAT(radixrt_qdequantize, ISA_NAME)(const uint8_t *w, int bits, int sub, cons
         }
     return 0;
 }
+
+#ifdef HAVE_AMX_INT8
+#include "amx_bf16_tiles.h"
+#endif
