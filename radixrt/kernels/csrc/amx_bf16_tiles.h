@@ -28,12 +28,10 @@ static void dequantize_tile_bf16(const uint8_t *wt, int bits, int sub, const uin
     for (int64_t g = 0; g < G; g++) {
         __m512i wv[8];
         unpack_group(wt + g * GROUP_BYTES(bits), bits, wv);
-        const __m512 d0 = load_half16(dt + (sub == 16 ? 2 * g : g) * TILE);
-        const __m512 d1 = sub == 16 ? load_half16(dt + (2 * g + 1) * TILE) : d0;
-        const __m512 m = mt ? load_half16(mt + g * TILE) : _mm512_mul_ps(d0, _mm512_set1_ps(offset_min(bits)));
+        const GroupScales s = group_scales(dt, mt, sub, offset_min(bits), g);
         for (int j = 0; j < 8; j++) {
             __m512i e[4];
-            for (int b = 0; b < 4; b++) e[b] = _mm512_cvtepu16_epi32(to_bf16x16(group_element(wv[j], bits, b, j < 4 ? d0 : d1, m)));
+            for (int b = 0; b < 4; b++) e[b] = _mm512_cvtepu16_epi32(to_bf16x16(group_element(wv[j], bits, b, j < 4 ? s.d0 : s.d1, s.m)));
             _mm512_store_si512(bt + (g * 16 + 2 * j) * TILE, _mm512_or_si512(e[0], _mm512_slli_epi32(e[1], 16)));
             _mm512_store_si512(bt + (g * 16 + 2 * j + 1) * TILE, _mm512_or_si512(e[2], _mm512_slli_epi32(e[3], 16)));
         }

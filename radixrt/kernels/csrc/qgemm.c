@@ -187,6 +187,20 @@ static inline void unpack_group(const uint8_t *w, int bits, __m512i wv[8]) {
 
 static inline __m512 load_half16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
+/* Group g's scales of a tile's 16 outputs (d0; d1 its second half's where scales are per 16) and mins (per
+ * 32: the held ones, or min_per_scale scales), read from the tile's float16 dt [K / sub][16], mt [K / 32][16]. */
+typedef struct {
+    __m512 d0, d1, m;
+} GroupScales;
+
+static inline GroupScales group_scales(const uint16_t *dt, const uint16_t *mt, int sub, float min_per_scale, int64_t g) {
+    GroupScales s;
+    s.d0 = load_half16(dt + (sub == 16 ? 2 * g : g) * TILE);
+    s.d1 = sub == 16 ? load_half16(dt + (2 * g + 1) * TILE) : s.d0;
+    s.m = mt ? load_half16(mt + g * TILE) : _mm512_mul_ps(s.d0, _mm512_set1_ps(min_per_scale));
+    return s;
+}
+
 /* Byte b of each lane of an unpacked group's vector (element k = 4j + b of the 16 outputs), dequantized: v d + m. */
 static inline __m512 group_element(__m512i wj, int bits, int b, __m512 d, __m512 m) {
     const __m128i up = _mm_cvtsi32_si128(24 - 8 * b), down = _mm_cvtsi32_si128(bits == 8 ? 24 : 8 * b);
@@ -229,9 +243,8 @@ static void block_vnni(const uint8_t *wt, int bits, int sub, const uint16_t *dt,
     for (int64_t g = 0; g < G; g++) {
         __m512i wv[8];
         unpack_group(wt + g * GROUP_BYTES(bits), bits, wv);
-        const __m512 d0 = load_half16(dt + (sub == 16 ? 2 * g : g) * TILE);
-        const __m512 d1 = sub == 16 ? load_half16(dt + (2 * g + 1) * TILE) : d0;
-        const __m512 mg = mt ? load_half16(mt + g * TILE) : _mm512_mul_ps(d0, _mm512_set1_ps(offset_min(bits)));
+        const GroupScales gs = group_scales(dt, mt, sub, offset_min(bits), g);
+        const __m512 d0 = gs.d0, d1 = gs.d1, mg = gs.m;
         for (int r = 0; r < rows; r++) {
             const int8_t *x = qx + r * K + g * GROUP;
             __m512i dot[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
@@ -285,9 +298,8 @@ static void configure_tiles(int sub) {
  * the rows' accumulators. */
 static inline void scale_sums(__m512 acc[TILE], const int32_t *c0, const int32_t *c1, int sub, float min_per_scale, const uint16_t *dt,
                               const uint16_t *mt, const float *sx, const float *ms, int64_t G, int64_t g) {
-    const __m512 d0 = load_half16(dt + (sub == 16 ? 2 * g : g) * TILE);
-    const __m512 d1 = sub == 16 ? load_half16(dt + (2 * g + 1) * TILE) : d0;
-    const __m512 mg = mt ? load_half16(mt + g * TILE) : _mm512_mul_ps(d0, _mm512_set1_ps(min_per_scale));
+    const GroupScales gs = group_scales(dt, mt, sub, min_per_scale, g);
+    const __m512 d0 = gs.d0, d1 = gs.d1, mg = gs.m;
     for (int r = 0; r < TILE; r++) {
         const __m512 s = _mm512_set1_ps(sx[r * G + g]);
         __m512 v = mt || min_per_scale != 0.0f ? _mm512_fmadd_ps(mg, _mm512_set1_ps(ms[r * G + g]), acc[r]) : acc[r];
@@ -441,12 +453,11 @@ int CAT(radixrt_qdequantize, ISA_NAME)(const uint8_t *w, int bits, int sub, cons
     for (int64_t g = 0; g < G; g++)
         for (int64_t t = 0; t < N / TILE; t++) {
             const uint8_t *wg = w + t * tile_bytes + g * GROUP_BYTES(bits);
-            const uint16_t *dg = d + (t * S + (sub == 16 ? 2 * g : g)) * TILE, *mg = mn ? mn + (t * G + g) * TILE : NULL;
 #ifdef RADIXRT_AVX512_FAMILY
             __m512i wv[8];
             unpack_group(wg, bits, wv);
-            const __m512 d0 = load_half16(dg), d1 = sub == 16 ? load_half16(dg + TILE) : d0;
-            const __m512 m = mg ? load_half16(mg) : _mm512_mul_ps(d0, _mm512_set1_ps(offset_min(bits)));
+            const GroupScales gs = group_scales(d + t * S * TILE, mn ? mn + t * G * TILE : NULL, sub, offset_min(bits), g);
+            const __m512 d0 = gs.d0, d1 = gs.d1, m = gs.m;
             for (int j = 0; j < 8; j++)
                 for (int b = 0; b < 4; b++) { /* byte b of each lane: element k = 4j + b of the 16 outputs */
                     const __m512 f = group_element(wv[j], bits, b, j < 4 ? d0 : d1, m);
@@ -457,6 +468,7 @@ int CAT(radixrt_qdequantize, ISA_NAME)(const uint8_t *w, int bits, int sub, cons
                         _mm256_storeu_si256((__m256i *)((uint16_t *)out + at), to_bf16x16(f));
                 }
 #else
+            const uint16_t *dg = d + (t * S + (sub == 16 ? 2 * g : g)) * TILE, *mg = mn ? mn + (t * G + g) * TILE : NULL;
             for (int j = 0; j < 8; j++)
                 for (int b = 0; b < 4; b++) {
                     float row[TILE];
