@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from support.kernels import require_native
 from test_gguf import tiny_gguf_sidecar
 
 from radixrt.kernels import AttentionMetadata, PagedKVCache, create_attention_backend
@@ -21,6 +22,7 @@ PAGE = 4
 
 
 def held_model(tmp_path, arch: str, qtype: str, dtype: torch.dtype, sizes: dict | None = None):
+    require_native()  # the held layers, their kernels and the loop are compiled C
     sidecar = tiny_gguf_sidecar(tmp_path, arch, {**SIZES, **(sizes or {})}, qtype)
     cfg = ModelConfig.from_dir(sidecar)
     return load_model(sidecar, cfg, dtype, torch.device("cpu"), scheme=WeightScheme("gguf", "test", prequantized=True)), cfg
