@@ -176,7 +176,8 @@ def test_amx_tiles_equal_the_float64_reference_where_the_cpu_has_them():
 
 def test_amx_bf16_tiles_equal_the_bf16_product_where_the_cpu_has_them():
     """amx_bf16_tiles.h: the weight dequantized to bf16 a tile at a time (exactly the dequantizer's bf16 values)
-    times x rounded to bf16, summed in float32, in every format, rows past a block of 16 and of 64 padded."""
+    times x rounded to bf16, summed in float32, in every format, rows past a block of 16 and of 64 padded, and
+    from 128 rows two output tiles a pass (96 outputs: the last pass of a thread may hold one)."""
     from radixrt.kernels.native_build import AMX, cpu_flags
     from radixrt.kernels.quant_weights import load_amx_bf16_qgemm
 
@@ -187,8 +188,9 @@ def test_amx_bf16_tiles_equal_the_bf16_product_where_the_cpu_has_them():
     tiles = load_amx_bf16_qgemm()
     assert tiles is not None and tiles.name == "amx-bf16"
     for qtype, fmt in HELD:
-        for rows in (1, 16, 37, 100):
-            w = pack(*unpack(gguf_tensor(qtype, 96, 512, seed=rows), qtype, 96, 512, fmt))
+        for rows in (1, 16, 37, 100, 130):
+            w = pack(*unpack(gguf_tensor(qtype, 96 + 16 * (rows == 130), 512, seed=rows), qtype, 96 + 16 * (rows == 130),
+                             512, fmt))  # 7 output tiles at 130 rows: a pair's odd one out
             x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 3
             got = tiles(x, w)
             want = x.bfloat16().double() @ dequantize(w).bfloat16().double().T

@@ -13,12 +13,13 @@
 #define RADIXRT_AMX_BF16_TILES_H
 
 #define BF16_BLOCKS 4 /* C tiles 0-3: up to 64 rows a pass; A tiles 4 and 6 alternate, B tile 5 */
+#define PAIR_ROWS 128 /* from these rows (padded), two output tiles a pass: x read once for both */
 
 static void configure_bf16_tiles(void) {
     tile_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 7; t++) c.rows[t] = 16, c.colsb[t] = 64;
+    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
     _tile_loadconfig(&c);
 }
 
@@ -74,6 +75,40 @@ static void bf16_rows(const uint32_t *bt, const uint16_t *xa, int64_t K, int64_t
     }
 }
 
+/* Two output tiles (bt0, bt1) for rows m0 .. m0 + 31 (two row blocks): C tiles (block, tile) 0 (0, 0), 1 (0, 1),
+ * 2 (1, 0), 3 (1, 1); each group's two A tiles and two B tiles loaded once for four products, so that x is read
+ * once for 32 outputs, not 16 (for many rows, x streams from L2 for every pass). */
+static void bf16_rows2(const uint32_t *bt0, const uint32_t *bt1, const uint16_t *xa, int64_t K, int64_t m0, int64_t M,
+                       void *out, int out_kind, int64_t N, int64_t n0) {
+    float c[4][TILE * TILE] __attribute__((aligned(64)));
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        _tile_loadd(4, xa + m0 * K + g * GROUP, (int)(K * 2));
+        _tile_loadd(5, xa + (m0 + 16) * K + g * GROUP, (int)(K * 2));
+        _tile_loadd(6, bt0 + g * 16 * TILE, 64);
+        _tile_loadd(7, bt1 + g * 16 * TILE, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    _tile_stored(2, c[2], 64);
+    _tile_stored(3, c[3], 64);
+    for (int q = 0; q < 4; q++) {
+        const int64_t r0 = m0 + 16 * (q / 2);
+        const int rows = M - r0 < TILE ? (int)(M - r0) : TILE;
+        __m512 acc[TILE];
+        for (int r = 0; r < rows; r++) acc[r] = _mm512_load_ps(c[q] + r * TILE);
+        if (rows > 0)
+            store_rows(acc, rows, (char *)out + (r0 * N + n0 + TILE * (q % 2)) * (out_kind == KIND_F32 ? 4 : 2), out_kind, N);
+    }
+}
+
 int CAT(radixrt_qgemm_bf16, ISA_NAME)(const void *x, int kind, int64_t M, int64_t K, int64_t N, const uint8_t *w, int bits,
                                       int sub, const uint16_t *d, const uint16_t *mn, void *out, int out_kind, int threads) {
     if (!valid(kind, bits, sub, mn != NULL) || (out_kind != KIND_F32 && out_kind != KIND_BF16)) return 1;
@@ -92,18 +127,28 @@ int CAT(radixrt_qgemm_bf16, ISA_NAME)(const void *x, int kind, int64_t M, int64_
             _mm256_storeu_si256((__m256i *)(xa + m * K + k), to_bf16x16(_mm512_loadu_ps((const float *)x + m * K + k)));
     }
     int failed = 0;
+    const int pairs = Mp >= PAIR_ROWS; /* two output tiles a pass (bf16_rows2) */
+    const int64_t per = pairs ? 2 : 1, tiles = N / TILE;
 #pragma omp parallel num_threads(threads)
     {
-        uint32_t *bt = aligned_alloc(64, (size_t)G * 16 * TILE * 4);
+        uint32_t *bt = aligned_alloc(64, (size_t)G * 16 * TILE * 4 * 2);
         if (!bt) {
 #pragma omp atomic write
             failed = 3;
         }
         configure_bf16_tiles();
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < N / TILE; t++) {
+        for (int64_t p = 0; p < (tiles + per - 1) / per; p++) {
             if (!bt) continue;
-            dequantize_tile_bf16(w + t * tile_bytes, bits, sub, d + t * S * TILE, mn ? mn + t * G * TILE : NULL, G, bt);
+            const int64_t t = p * per, n = tiles - t < per ? tiles - t : per; /* n output tiles from tile t */
+            for (int64_t i = 0; i < n; i++)
+                dequantize_tile_bf16(w + (t + i) * tile_bytes, bits, sub, d + (t + i) * S * TILE,
+                                     mn ? mn + (t + i) * G * TILE : NULL, G, bt + i * G * 16 * TILE);
+            if (n == 2) {
+                for (int64_t m0 = 0; m0 < Mp; m0 += 32)
+                    bf16_rows2(bt, bt + G * 16 * TILE, xa, K, m0, M, out, out_kind, N, t * TILE);
+                continue;
+            }
             for (int64_t m0 = 0; m0 < Mp; m0 += 16 * BF16_BLOCKS) {
                 const int blocks = (Mp - m0) / 16 < BF16_BLOCKS ? (int)((Mp - m0) / 16) : BF16_BLOCKS;
                 bf16_rows(bt, xa, K, m0, blocks, M, out, out_kind, N, t * TILE);
