@@ -39,6 +39,14 @@ static void dequantize_tile_bf16(const uint8_t *wt, int bits, int sub, const uin
     }
 }
 
+/* C tile q (float32 [16][16], stored) of rows r0 .. r0 + 15 into out's columns n0 .. n0 + 15, rows past M left out. */
+static void tile_rows_out(const float *c, int64_t r0, int64_t M, void *out, int out_kind, int64_t N, int64_t n0) {
+    const int rows = M - r0 < TILE ? (int)(M - r0) : TILE;
+    __m512 acc[TILE];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_load_ps(c + r * TILE);
+    if (rows > 0) store_rows(acc, rows, (char *)out + (r0 * N + n0) * (out_kind == KIND_F32 ? 4 : 2), out_kind, N);
+}
+
 /* Row block's C tile `c` from its A rows at xa (row stride K bf16) and the B tiles at bt (immediates: tiles). */
 #define BF16_BLOCK(c, a)                                                          \
     do {                                                                          \
@@ -66,13 +74,7 @@ static void bf16_rows(const uint32_t *bt, const uint16_t *xa, int64_t K, int64_t
     _tile_stored(1, c[1], 64);
     _tile_stored(2, c[2], 64);
     _tile_stored(3, c[3], 64);
-    for (int blk = 0; blk < blocks; blk++) {
-        const int64_t r0 = m0 + 16 * blk;
-        const int rows = M - r0 < TILE ? (int)(M - r0) : TILE;
-        __m512 acc[TILE];
-        for (int r = 0; r < rows; r++) acc[r] = _mm512_load_ps(c[blk] + r * TILE);
-        store_rows(acc, rows, (char *)out + (r0 * N + n0) * (out_kind == KIND_F32 ? 4 : 2), out_kind, N);
-    }
+    for (int blk = 0; blk < blocks; blk++) tile_rows_out(c[blk], m0 + 16 * blk, M, out, out_kind, N, n0);
 }
 
 /* Two output tiles (bt0, bt1) for rows m0 .. m0 + 31 (two row blocks): C tiles (block, tile) 0 (0, 0), 1 (0, 1),
@@ -99,14 +101,7 @@ static void bf16_rows2(const uint32_t *bt0, const uint32_t *bt1, const uint16_t 
     _tile_stored(1, c[1], 64);
     _tile_stored(2, c[2], 64);
     _tile_stored(3, c[3], 64);
-    for (int q = 0; q < 4; q++) {
-        const int64_t r0 = m0 + 16 * (q / 2);
-        const int rows = M - r0 < TILE ? (int)(M - r0) : TILE;
-        __m512 acc[TILE];
-        for (int r = 0; r < rows; r++) acc[r] = _mm512_load_ps(c[q] + r * TILE);
-        if (rows > 0)
-            store_rows(acc, rows, (char *)out + (r0 * N + n0 + TILE * (q % 2)) * (out_kind == KIND_F32 ? 4 : 2), out_kind, N);
-    }
+    for (int q = 0; q < 4; q++) tile_rows_out(c[q], m0 + 16 * (q / 2), M, out, out_kind, N, n0 + TILE * (q % 2));
 }
 
 int CAT(radixrt_qgemm_bf16, ISA_NAME)(const void *x, int kind, int64_t M, int64_t K, int64_t N, const uint8_t *w, int bits,
@@ -114,7 +109,9 @@ int CAT(radixrt_qgemm_bf16, ISA_NAME)(const void *x, int kind, int64_t M, int64_
     if (!valid(kind, bits, sub, mn != NULL) || (out_kind != KIND_F32 && out_kind != KIND_BF16)) return 1;
     if (K % GROUP || N % TILE) return 2;
     if (!amx_granted()) return 4;
-    const int64_t G = K / GROUP, S = K / sub, tile_bytes = G * GROUP_BYTES(bits), Mp = (M + TILE - 1) / TILE * TILE;
+    const int64_t G = K / GROUP, S = K / sub, tile_bytes = G * GROUP_BYTES(bits);
+    const int pairs = (M + TILE - 1) / TILE * TILE >= PAIR_ROWS; /* two output tiles a pass (bf16_rows2) */
+    const int64_t pass = pairs ? 2 * TILE : TILE, Mp = (M + pass - 1) / pass * pass; /* rows padded to whole passes */
     uint16_t *xa = aligned_alloc(64, ((size_t)(Mp * K) * 2 + 63) & ~(size_t)63); /* x in bf16, zero rows to Mp */
     if (!xa) return 3;
     memset(xa + M * K, 0, (size_t)((Mp - M) * K) * 2);
@@ -127,7 +124,6 @@ int CAT(radixrt_qgemm_bf16, ISA_NAME)(const void *x, int kind, int64_t M, int64_
             _mm256_storeu_si256((__m256i *)(xa + m * K + k), to_bf16x16(_mm512_loadu_ps((const float *)x + m * K + k)));
     }
     int failed = 0;
-    const int pairs = Mp >= PAIR_ROWS; /* two output tiles a pass (bf16_rows2) */
     const int64_t per = pairs ? 2 : 1, tiles = N / TILE;
 #pragma omp parallel num_threads(threads)
     {

@@ -26,7 +26,7 @@ typedef int (*act_fn)(const void *, int64_t, void *, int, int64_t, int64_t, int,
 #define MAX_ROUTES 4
 
 /* One held linear layer: x [T, K] -> [T, N] through `fn` (qgemm.c's entry), or from route_rows[i] rows on
- * through route_fns[i] (another variant's entry: the AMX-INT8 tiles), as quant_linear.QuantLinear routes. */
+ * through route_fns[i] (another entry: the AMX-INT8 or AMX-BF16 tiles), as quant_linear.QuantLinear routes. */
 typedef struct {
     gemm_fn fn;
     const void *packed, *scales, *mins;
